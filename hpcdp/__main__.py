@@ -1,0 +1,5 @@
+import sys
+
+from hpcdp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""The `hpcdp` command: one entry point that hands each subcommand to its module.
+
+Each subcommand's module owns its own argument parsing (`main(argv) -> int`), so
+that `hpcdp train ...` and `python -m hpcdp.train ...` accept the same options.
+Modules are imported only when their subcommand runs: `hpcdp slurm render` on a
+login node must not need Horovod or PyTorch to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "prep": ("hpcdp.data.prep", "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
+    "train": ("hpcdp.train", "train a model data-parallel with Horovod"),
+    "slurm": ("hpcdp.slurm", "render or submit a Slurm batch script for an allocation"),
+    "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
+    "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: hpcdp <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "Run 'hpcdp <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name in ("-V", "--version"):
+        from hpcdp import __version__
+
+        print(__version__)
+        return 0
+    if name not in SUBCOMMANDS:
+        print(f"hpcdp: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

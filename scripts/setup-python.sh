@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Build the Python side of the stack into .venv: PyTorch, mpi4py, h5py built
+# against parallel HDF5, and Horovod 0.28.1 built from its source release with
+# the C++17 fix that current PyTorch needs. Built wheels are cached outside the
+# repo, keyed by what they were built against, so a second run takes seconds.
+#
+# Variables:
+#   VENV                 the virtual environment (default .venv)
+#   PYTHON               the interpreter that creates it (default python3)
+#   HPCDP_TORCH          the torch requirement (default torch==2.13.0)
+#   HPCDP_TORCH_INDEX_URL  an extra index for another torch build (e.g. a CPU
+#                        or a specific CUDA build); unset by default
+#   HPCDP_GPU_OPS        NCCL or none (default: NCCL when nvcc and a CUDA torch
+#                        are found, else none)
+#   HPCDP_WHEEL_CACHE    where built wheels are kept (default ~/.cache/hpcdp/wheels)
+set -euo pipefail
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+HOROVOD_VERSION=0.28.1
+H5PY_VERSION=3.16.0
+TORCH_REQ=${HPCDP_TORCH:-torch==2.13.0}
+CACHE=${HPCDP_WHEEL_CACHE:-$HOME/.cache/hpcdp/wheels}
+# Bump when the way Horovod is patched or built changes, so old wheels are not reused.
+HOROVOD_RECIPE=1
+
+log() { echo "setup-python: $*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+
+torch_extra=()
+if [ -n "${HPCDP_TORCH_INDEX_URL:-}" ]; then torch_extra=(--extra-index-url "$HPCDP_TORCH_INDEX_URL"); fi
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+  log "installing $TORCH_REQ"
+  "${PIP[@]}" install "${torch_extra[@]}" "$TORCH_REQ"
+fi
+log "installing build requirements"
+"${PIP[@]}" install "setuptools>=77" wheel "Cython>=3" pkgconfig "numpy>=1.26" \
+  cmake cloudpickle psutil pyyaml packaging cffi "mpi4py>=4.0"
+
+pyver=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+torchver=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
+torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+mpiver=$(mpirun --version 2>/dev/null | head -n1 | tr -cs 'A-Za-z0-9.' '_' | sed 's/_$//')
+hdf5ver=$(pkg-config --modversion hdf5-openmpi 2>/dev/null || pkg-config --modversion hdf5 2>/dev/null || echo unknown)
+mpi4pyver=$("$PY" -c 'import mpi4py; print(mpi4py.__version__)')
+
+gpu_ops=${HPCDP_GPU_OPS:-}
+if [ -z "$gpu_ops" ]; then
+  if [ -n "$torch_cuda" ] && command -v nvcc >/dev/null 2>&1; then gpu_ops=NCCL; else gpu_ops=none; fi
+fi
+
+# --- h5py against parallel HDF5 -------------------------------------------
+h5key="h5py-$H5PY_VERSION-$pyver-hdf5_$hdf5ver-$mpiver-mpi4py_$mpi4pyver"
+h5dir="$CACHE/$h5key"
+if ! ls "$h5dir"/h5py-*.whl >/dev/null 2>&1; then
+  log "building h5py $H5PY_VERSION against parallel HDF5 $hdf5ver (about 2 minutes)"
+  mkdir -p "$h5dir.tmp"
+  CC=mpicc HDF5_MPI=ON HDF5_PKGCONFIG_NAME=hdf5-openmpi \
+    "${PIP[@]}" wheel --no-binary=h5py --no-build-isolation --no-deps \
+    -w "$h5dir.tmp" "h5py==$H5PY_VERSION"
+  rm -rf "$h5dir"; mv "$h5dir.tmp" "$h5dir"
+fi
+if ! "$PY" -c 'import h5py, sys; sys.exit(0 if h5py.get_config().mpi else 1)' >/dev/null 2>&1; then
+  "${PIP[@]}" install --force-reinstall --no-deps "$h5dir"/h5py-*.whl
+fi
+
+# --- Horovod 0.28.1 with the C++17 fix --------------------------------------
+hvdkey="horovod-$HOROVOD_VERSION-r$HOROVOD_RECIPE-$pyver-torch_$torchver-gpu_$gpu_ops-$mpiver"
+hvddir="$CACHE/$hvdkey"
+if ! ls "$hvddir"/horovod-*.whl >/dev/null 2>&1; then
+  log "building Horovod $HOROVOD_VERSION for torch $torchver, GPU ops: $gpu_ops (6-7 minutes on 2 cores)"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "${PIP[@]}" download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+  tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
+  src="$work/horovod-$HOROVOD_VERSION"
+  # PyTorch >= 2.1 headers require C++17; the release pins C++14.
+  grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$src" \
+    | xargs sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'
+  if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$src"; then
+    echo "setup-python: failed to patch Horovod's C++ standard" >&2; exit 1
+  fi
+  build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+             HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS=-j"$(nproc)")
+  if [ "$gpu_ops" = NCCL ]; then build_env+=(HOROVOD_GPU_OPERATIONS=NCCL); fi
+  mkdir -p "$hvddir.tmp"
+  env "${build_env[@]}" "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$hvddir.tmp" "$src"
+  rm -rf "$hvddir"; mv "$hvddir.tmp" "$hvddir"
+fi
+if ! "$PY" -c 'import horovod.torch' >/dev/null 2>&1 \
+   || [ "$("$PY" -c 'import horovod; print(horovod.__version__)')" != "$HOROVOD_VERSION" ]; then
+  "${PIP[@]}" install --force-reinstall --no-deps "$hvddir"/horovod-*.whl
+fi
+
+# --- the project -----------------------------------------------------------
+log "installing hpcdp (editable) with its test tools"
+"${PIP[@]}" install --no-build-isolation --find-links "$hvddir" --find-links "$h5dir" -e ".[dev]"
+"$PY" - <<'PYEOF'
+import h5py, horovod.torch as hvd, torch
+assert h5py.get_config().mpi, "h5py was not built against parallel HDF5"
+assert hvd.mpi_built() and hvd.gloo_built(), "Horovod lacks the MPI or Gloo controller"
+print(f"setup-python: ready: torch {torch.__version__}, horovod {__import__('horovod').__version__}, "
+      f"h5py {h5py.__version__} (parallel)")
+PYEOF
