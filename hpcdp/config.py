@@ -1,0 +1,349 @@
+"""Typed training configuration: defaults < TOML file < `key.sub=value` overrides.
+
+Every key has a declared type, so a typo or a wrong type fails loudly with the
+key's name instead of silently training with a default. This module needs no
+PyTorch or Horovod: every rank validates the same config before any collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config file or override is missing, malformed, unknown or of the wrong type."""
+
+
+@dataclass
+class RunConfig:
+    """Identity, length and reproducibility of a run."""
+
+    name: str = "default"
+    dir: str = ""  # empty: runs/<name>
+    seed: int = 0
+    epochs: int = 1
+    max_steps: int = 0  # stop after this many optimizer steps in total; 0: no limit
+    stop_at_step: int = 0  # test hook: checkpoint and stop at this step as if preempted; 0: off
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU; uses a GradScaler)
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class DataConfig:
+    """Where the sharded HDF5 data lies and how each rank reads it."""
+
+    path: str = ""  # folder holding train_file and val_file
+    train_file: str = "train.h5"
+    val_file: str = "val.h5"
+    x_name: str = "x"
+    y_name: str = "y"
+    batch_size: int = 32  # per rank
+    global_batch_size: int = 0  # if set: per-rank batch = this / ranks (must divide)
+    val_batch_size: int = 0  # per rank; 0: same as the training batch
+    window_samples: int = 0  # shuffle window; 0: the reader's default
+    virtual_shards: int = 0  # 0: the reader's default
+    prefetch: int = 2
+    scale: float = 255.0  # integer inputs are divided by this
+    mean: float = 0.0
+    std: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    """Which network, and its shape options."""
+
+    name: str = "digits_cnn"  # digits_cnn | resnet18 | resnet50
+    num_classes: int = 10
+    width: int = 0  # 0: the model's default width
+    cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
+    sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer; `lr` is the rate for ONE rank's batch before scaling."""
+
+    name: str = "sgd"  # sgd | adamw
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    scale_lr: bool = True  # multiply lr by ranks x accumulation steps (Goyal et al. 2017)
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule: linear warmup, then cosine, step or constant."""
+
+    kind: str = "cosine"  # cosine | step | constant
+    warmup_epochs: float = 0.0
+    warmup_start_factor: float = 0.0  # warmup starts at this fraction of the peak lr
+    min_factor: float = 0.0  # cosine ends at this fraction of the peak lr
+    milestones: list[float] = field(default_factory=list)  # epochs, for kind = "step"
+    gamma: float = 0.1
+
+
+@dataclass
+class HorovodConfig:
+    """Horovod's knobs: fusion, compression, accumulation, reduction."""
+
+    fusion_threshold_mb: float = -1.0  # HOROVOD_FUSION_THRESHOLD; negative: Horovod default
+    cycle_time_ms: float = -1.0  # HOROVOD_CYCLE_TIME; negative: Horovod default
+    compression: str = "none"  # none | fp16
+    backward_passes_per_step: int = 1  # gradient accumulation
+    op: str = "average"  # average | adasum
+    gradient_predivide_factor: float = 1.0
+    timeline: str = ""  # HOROVOD_TIMELINE file; relative paths are inside the run dir
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written, how many are kept, and what resume means."""
+
+    every_steps: int = 0  # 0: only at the end (and on preemption)
+    keep: int = 3
+    resume: str = "auto"  # auto | none | <path to a checkpoint file>
+    dir: str = ""  # empty: <run dir>/checkpoints
+
+
+@dataclass
+class PreemptConfig:
+    """Signals that ask the job to checkpoint and stop, and what follows."""
+
+    enabled: bool = True
+    signals: list[str] = field(default_factory=lambda: ["USR1", "TERM"])
+    check_every: int = 1  # agree on the flag every N steps (all ranks same schedule)
+    requeue: bool = True  # `scontrol requeue` the Slurm job after the checkpoint
+
+
+@dataclass
+class LogConfig:
+    """Rank-0 reporting: log lines, JSONL, TensorBoard, progress bar."""
+
+    every_steps: int = 10
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress: bool = True  # tqdm bar, only when stderr is a terminal
+    trace_samples: bool = False  # test aid: every rank writes a fingerprint of each sample
+
+
+@dataclass
+class Config:
+    """The whole training configuration."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    preempt: PreemptConfig = field(default_factory=PreemptConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) if self.run.dir else Path("runs") / self.run.name
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "run.precision": ("fp32", "bf16", "fp16"),
+    "run.device": ("auto", "cpu", "cuda"),
+    "optim.name": ("sgd", "adamw"),
+    "schedule.kind": ("cosine", "step", "constant"),
+    "horovod.compression": ("none", "fp16"),
+    "horovod.op": ("average", "adasum"),
+}
+SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(tp: Any) -> str:
+    return getattr(tp, "__name__", None) if typing.get_origin(tp) is None else str(tp)
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the declared type `tp`; ints widen to float, nothing else."""
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of {item_tp.__name__}, got {value!r}")
+        return [coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - a field of an unsupported type is a bug here
+        raise TypeError(f"{key}: unsupported field type {tp!r}")
+    raise ConfigError(
+        f"{key}: expected {_describe(tp)}, got {type(value).__name__} {value!r}"
+    )
+
+
+def _unknown(kind: str, name: str, known: list[str], where: str) -> ConfigError:
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConfigError(f"unknown {kind} {name!r} {where}{hint}; known: {', '.join(known)}")
+
+
+def apply_mapping(cfg: Config, data: dict[str, Any], where: str) -> None:
+    """Apply a nested {section: {key: value}} mapping, strictly."""
+    sections = [f.name for f in dataclasses.fields(Config)]
+    for sec, values in data.items():
+        if sec not in sections:
+            raise _unknown("section", sec, sections, where)
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{sec}] {where} must be a table, got {values!r}")
+        obj = getattr(cfg, sec)
+        types = _section_types(type(obj))
+        for key, value in values.items():
+            if key not in types:
+                raise _unknown("key", f"{sec}.{key}", [f"{sec}.{k}" for k in types], where)
+            setattr(obj, key, coerce(f"{sec}.{key}", value, types[key]))
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.key=value` -> (section, key, value); the value is read as TOML when it can be.
+
+    Bare words that are not valid TOML (`optim.name=sgd`, `run.dir=runs/x`)
+    are taken as strings, so quoting is only needed for strings like "1".
+    """
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    path, raw = text.split("=", 1)
+    parts = path.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override {text!r}: the key must look like section.key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return parts[0], parts[1], value
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, with errors that name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
+
+
+def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the file, then the overrides; then the semantic checks."""
+    cfg = Config()
+    if path is not None:
+        apply_mapping(cfg, load_file(path), f"in {str(path)!r}")
+    for text in overrides:
+        sec, key, value = parse_override(text)
+        apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks that need no data, no model and no runtime."""
+    for key, allowed in CHOICES.items():
+        sec, name = key.split(".")
+        value = getattr(getattr(cfg, sec), name)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
+    positive = {
+        "run.epochs": cfg.run.epochs,
+        "data.batch_size": cfg.data.batch_size,
+        "model.num_classes": cfg.model.num_classes,
+        "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
+        "checkpoint.keep": cfg.checkpoint.keep,
+        "preempt.check_every": cfg.preempt.check_every,
+        "log.every_steps": cfg.log.every_steps,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value}: must be at least 1")
+    non_negative = {
+        "run.max_steps": cfg.run.max_steps,
+        "run.stop_at_step": cfg.run.stop_at_step,
+        "data.global_batch_size": cfg.data.global_batch_size,
+        "data.val_batch_size": cfg.data.val_batch_size,
+        "data.window_samples": cfg.data.window_samples,
+        "data.virtual_shards": cfg.data.virtual_shards,
+        "data.prefetch": cfg.data.prefetch,
+        "model.width": cfg.model.width,
+        "checkpoint.every_steps": cfg.checkpoint.every_steps,
+        "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
+        "optim.weight_decay": cfg.optim.weight_decay,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise ConfigError(f"{key}={value}: must not be negative")
+    if not cfg.data.path:
+        raise ConfigError("data.path is not set: the folder holding the training data")
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr={cfg.optim.lr}: must be positive")
+    if cfg.data.scale <= 0 or cfg.data.std <= 0:
+        raise ConfigError("data.scale and data.std must be positive")
+    if cfg.horovod.gradient_predivide_factor <= 0:
+        raise ConfigError("horovod.gradient_predivide_factor must be positive")
+    if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:
+        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with horovod.op='adasum'")
+    if cfg.schedule.kind == "step" and not cfg.schedule.milestones:
+        raise ConfigError("schedule.kind='step' needs schedule.milestones (epochs)")
+    if sorted(cfg.schedule.milestones) != cfg.schedule.milestones:
+        raise ConfigError(f"schedule.milestones={cfg.schedule.milestones}: must be increasing")
+    if not 0.0 <= cfg.schedule.warmup_start_factor <= 1.0:
+        raise ConfigError("schedule.warmup_start_factor must lie in [0, 1]")
+    if not 0.0 <= cfg.schedule.min_factor <= 1.0:
+        raise ConfigError("schedule.min_factor must lie in [0, 1]")
+    for sig in cfg.preempt.signals:
+        if sig not in SIGNAL_NAMES:
+            raise ConfigError(f"preempt.signals: {sig!r} is not one of {', '.join(SIGNAL_NAMES)}")
+    if cfg.run.precision == "fp16" and cfg.run.device == "cpu":
+        raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 on CPUs)")
+
+
+def dumps(cfg: Config) -> str:
+    """The effective config as TOML text (for --print-config and the run dir)."""
+    lines: list[str] = []
+    for sec, values in cfg.to_dict().items():
+        lines.append(f"[{sec}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""Rank-0 reporting: log lines, JSONL records, TensorBoard scalars, a progress bar.
+
+Other ranks get the same objects with every sink switched off, so the loop calls
+them unconditionally and no `if rank == 0` is scattered through it. Values
+passed here must already be averaged across ranks (the loop does that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("hpcdp")
+
+
+def setup_logging(run_dir: Path | None, active: bool) -> None:
+    """Plain lines to stdout and to <run dir>/train.log on rank 0; warnings only elsewhere."""
+    root = logging.getLogger("hpcdp")
+    root.handlers.clear()
+    root.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    out = logging.StreamHandler(sys.stdout)
+    out.setFormatter(fmt)
+    root.addHandler(out)
+    if active and run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+    root.setLevel(logging.INFO if active else logging.WARNING)
+
+
+@dataclass
+class StepTimes:
+    """Where a window of steps spent its time, and how many samples it processed."""
+
+    data: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+    samples: int = 0
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def add(self, data: float, compute: float, comm: float, samples: int) -> None:
+        self.data += data
+        self.compute += compute
+        self.comm += comm
+        self.samples += samples
+        self.steps += 1
+
+    def summary(self) -> dict[str, float]:
+        """Per-step averages in ms and throughput over the window's wall time."""
+        wall = max(time.perf_counter() - self.started, 1e-9)
+        n = max(self.steps, 1)
+        return {
+            "samples_per_s": self.samples / wall,
+            "step_ms": 1000 * wall / n,
+            "data_ms": 1000 * self.data / n,
+            "compute_ms": 1000 * self.compute / n,
+            "comm_ms": 1000 * self.comm / n,
+        }
+
+
+class Reporter:
+    """Sinks for one run; all switched off unless `active` (rank 0)."""
+
+    def __init__(self, run_dir: Path, active: bool, jsonl: bool, tensorboard: bool,
+                 progress: bool, total_steps: int, initial_step: int) -> None:
+        self.active = active
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.tb_dir = run_dir / "tensorboard"
+        self._jsonl = None
+        self._tb = None
+        self._bar = None
+        if not active:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if jsonl:
+            self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.tb_dir), purge_step=initial_step or None)
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=initial_step, unit="step",
+                             dynamic_ncols=True, file=sys.stderr)
+
+    def record(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        """One JSONL line and one TensorBoard scalar per numeric value."""
+        if not self.active:
+            return
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"kind": kind, "step": step, "time": time.time(),
+                                          **values}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def advance(self, steps: int = 1, **postfix: float) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+            if postfix:
+                self._bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+
+    def info(self, message: str) -> None:
+        """A log line that does not tear the progress bar."""
+        if not self.active:
+            return
+        if self._bar is not None:
+            self._bar.clear()
+        log.info(message)
+        if self._bar is not None:
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics file (for summaries and tests)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

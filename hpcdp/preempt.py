@@ -1,0 +1,87 @@
+"""Preemption: a signal asks the job to checkpoint, requeue itself and stop.
+
+A signal sets a flag on whichever rank got it, possibly at different steps on
+different ranks. At step boundaries all ranks combine their flags with a max
+all-reduce on the same schedule, so they all stop after the same step. The
+reduction is passed in, which keeps this module free of Horovod and testable.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+log = logging.getLogger("hpcdp.preempt")
+
+
+def signal_number(name: str) -> signal.Signals:
+    """'USR1' or 'SIGUSR1' -> signal.SIGUSR1."""
+    key = name.upper()
+    key = key if key.startswith("SIG") else f"SIG{key}"
+    try:
+        return signal.Signals[key]
+    except KeyError:
+        raise ValueError(f"unknown signal {name!r}") from None
+
+
+class Preemption:
+    """Signal handlers that only set a flag, plus the agreed check at step boundaries."""
+
+    def __init__(self, signals: Sequence[str], check_every: int = 1) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every must be at least 1, got {check_every}")
+        self.signals = [signal_number(s) for s in signals]
+        self.check_every = check_every
+        self.received: int | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        # Only set the flag: the loop acts at the next agreed step boundary.
+        self.received = signum
+
+    def install(self) -> Preemption:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    @property
+    def requested(self) -> bool:
+        return self.received is not None
+
+    def due(self, step: int) -> bool:
+        """Whether `step` is a step at which all ranks check (same on every rank)."""
+        return step % self.check_every == 0
+
+    def agreed(self, step: int, reduce_max: Callable[[int], int]) -> bool:
+        """Collective on due steps: True on every rank if any rank got a signal."""
+        if not self.due(step):
+            return False
+        return reduce_max(1 if self.requested else 0) > 0
+
+
+def requeue_job(job_id: str, scontrol: str = "scontrol", timeout: float = 60.0) -> bool:
+    """Ask Slurm to requeue `job_id`; True on success, False (logged) otherwise."""
+    exe = shutil.which(scontrol)
+    if exe is None:
+        log.warning("cannot requeue job %s: %s not found", job_id, scontrol)
+        return False
+    try:
+        done = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        log.warning("scontrol requeue %s did not answer within %.0fs", job_id, timeout)
+        return False
+    if done.returncode != 0:
+        log.warning("scontrol requeue %s failed (exit %d): %s", job_id, done.returncode,
+                    (done.stderr or done.stdout).strip())
+        return False
+    return True

@@ -1,0 +1,91 @@
+"""Checkpoint files: atomic write, checksum verification, fallback, pruning, model checks."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcdp import checkpoint as ck
+from hpcdp.models import build_model
+
+
+def state(step: int, model_name: str = "digits_cnn") -> dict:
+    model = build_model(model_name, (1, 8, 8), 10)
+    return {"step": step, "model_name": model_name, "model": model.state_dict(),
+            "rng": [torch.get_rng_state()]}
+
+
+def test_round_trip_and_names(tmp_path: Path) -> None:
+    saved = state(7)
+    path = ck.save(tmp_path, 7, saved, keep=3)
+    assert path.name == "step-00000007.pt"
+    loaded = ck.decode(path.read_bytes(), str(path))
+    assert loaded["step"] == 7
+    ref = saved["model"]
+    assert all(torch.equal(loaded["model"][k], ref[k]) for k in ref)
+
+
+def test_corruption_is_detected(tmp_path: Path) -> None:
+    path = ck.save(tmp_path, 1, state(1), keep=3)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match="checksum mismatch"):
+        ck.read_verified(path)
+    path.write_bytes(b"garbage")
+    with pytest.raises(ck.CheckpointError, match="bad header"):
+        ck.read_verified(path)
+
+
+def test_latest_falls_back_past_a_corrupt_newest(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        ck.save(tmp_path, step, state(step), keep=5)
+    newest = ck.step_path(tmp_path, 30)
+    newest.write_bytes(newest.read_bytes()[:-100])  # truncated, as by a crash mid-copy
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = ck.find_latest(tmp_path)
+    assert found is not None and found.step == 20
+    assert any("step-00000030.pt" in str(w.message) for w in caught)
+
+
+def test_nothing_valid_gives_none(tmp_path: Path) -> None:
+    assert ck.find_latest(tmp_path / "missing") is None
+    (tmp_path / "step-00000001.pt").write_bytes(b"x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ck.find_latest(tmp_path) is None
+
+
+def test_keep_last_k_and_temp_files_ignored(tmp_path: Path) -> None:
+    for step in range(1, 6):
+        ck.save(tmp_path, step, {"step": step}, keep=2)
+    (tmp_path / ".step-00000009.pt.tmp-123").write_bytes(b"half")
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [5, 4]
+    assert not any(p.name.startswith(".step-00000005") for p in tmp_path.iterdir())
+
+
+def test_failed_write_leaves_old_file_intact(tmp_path: Path) -> None:
+    path = ck.step_path(tmp_path, 3)
+    ck.write_atomic(path, b"old")
+
+    # A write that fails midway (here: the data is not bytes) must not replace the file.
+    with pytest.raises(TypeError):
+        ck.write_atomic(path, 12345)  # type: ignore[arg-type]
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_model_mismatch_is_refused() -> None:
+    model = build_model("digits_cnn", (1, 8, 8), 10)
+    with pytest.raises(ck.CheckpointError, match="written for model 'resnet18'"):
+        ck.check_compatible(state(1, "resnet18") | {"model_name": "resnet18"}, model,
+                            "digits_cnn", "ckpt")
+    wide = build_model("digits_cnn", (1, 8, 8), 10, width=8).state_dict()
+    with pytest.raises(ck.CheckpointError, match="has shape"):
+        ck.check_compatible({"model_name": "digits_cnn", "model": wide}, model, "digits_cnn",
+                            "ckpt")
+    ck.check_compatible(state(1), model, "digits_cnn", "ckpt")

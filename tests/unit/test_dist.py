@@ -1,0 +1,39 @@
+"""Device placement and Horovod environment rules (pure; no MPI, no GPU needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcdp.config import HorovodConfig
+from hpcdp.dist import AgreedError, choose_device, horovod_env
+
+
+def test_cpu_when_no_cuda() -> None:
+    assert choose_device("auto", 3, False, 0, None) == torch.device("cpu")
+    assert choose_device("cpu", 0, True, 4, None) == torch.device("cpu")
+
+
+def test_one_gpu_per_local_rank() -> None:
+    assert choose_device("auto", 2, True, 4, "0,1,2,3") == torch.device("cuda", 2)
+
+
+def test_scheduler_narrowed_to_one_gpu_uses_device_zero() -> None:
+    assert choose_device("cuda", 1, True, 1, "1") == torch.device("cuda", 0)
+
+
+def test_too_few_gpus_and_no_gpu_errors() -> None:
+    with pytest.raises(AgreedError, match="local rank 2 has no GPU"):
+        choose_device("auto", 2, True, 2, "0,1")
+    with pytest.raises(AgreedError, match="no CUDA device"):
+        choose_device("cuda", 0, False, 0, None)
+
+
+def test_horovod_env() -> None:
+    assert horovod_env(HorovodConfig(), Path("r")) == {}
+    env = horovod_env(HorovodConfig(fusion_threshold_mb=2, cycle_time_ms=2.5,
+                                    timeline="tl.json"), Path("r"))
+    assert env == {"HOROVOD_FUSION_THRESHOLD": str(2 * 1024 * 1024),
+                   "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_TIMELINE": str(Path("r/tl.json"))}
