@@ -1,0 +1,362 @@
+"""`hpcdp prep SOURCE --out DIR`: write a source's splits as chunked, samples-first HDF5.
+
+Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``: with
+several ranks every rank writes its own chunk-aligned slab of ONE file through
+parallel HDF5 (driver ``mpio``, collective writes). With compression, rank 0
+writes alone: parallel HDF5 1.10 cannot reliably write filtered datasets
+through MPI-IO.
+
+Each file is written under a temporary name and renamed when complete, so a
+failed run never clobbers an existing good file. Bad input is detected on every
+rank and agreed on (an all-gather of errors) before any collective file
+operation, so every rank prints the problem and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcdp import __version__
+from hpcdp.data import sources as src
+
+#: Target chunk size: about 1 MiB of samples (at least one sample).
+CHUNK_BYTES = 1 << 20
+#: Small datasets are cut into at least this many chunks, so block shuffling has blocks to shuffle.
+MIN_CHUNKS = 64
+#: Rows generated and written per round, in whole chunks: bounds memory for huge files.
+SLAB_BYTES = 32 << 20
+#: Environment variables that mean "started by an MPI launcher".
+MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
+COMPRESSIONS = ("none", "gzip", "lzf")
+
+
+class PrepError(ValueError):
+    """Bad preparation options (output folder, sizes, MPI setup)."""
+
+
+# -- pure layout ----------------------------------------------------------------------
+
+
+def chunk_rows(sample_bytes: int, num_samples: int, target_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk: about `target_bytes`, but at least `MIN_CHUNKS` chunks when small."""
+    rows = max(1, -(-target_bytes // max(1, sample_bytes)))
+    return max(1, min(rows, -(-num_samples // MIN_CHUNKS)))
+
+
+def rank_rows(num_samples: int, chunk: int, rank: int, size: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous, chunk-aligned row range: whole chunks split evenly."""
+    blocks = -(-num_samples // chunk)
+    lo = rank * blocks // size * chunk
+    hi = (rank + 1) * blocks // size * chunk
+    return min(lo, num_samples), min(hi, num_samples)
+
+
+def slab_rows(chunk: int, sample_bytes: int) -> int:
+    """Rows per write round: whole chunks, about `SLAB_BYTES`."""
+    return chunk * max(1, SLAB_BYTES // max(1, chunk * sample_bytes))
+
+
+def write_rounds(num_samples: int, chunk: int, slab: int, size: int) -> int:
+    """Collective write rounds: every rank makes the same number, some with nothing to write."""
+    spans = [rank_rows(num_samples, chunk, r, size) for r in range(size)]
+    return max(-(-(hi - lo) // slab) for lo, hi in spans)
+
+
+def label_chunk_rows(chunk: int, num_samples: int) -> int:
+    """Label chunks: a whole number of sample chunks, about 256 KiB of int64."""
+    return min(num_samples, chunk * max(1, (256 << 10) // (chunk * 8)))
+
+
+def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
+               y_name: str | None) -> dict[str, Any]:
+    """Root attributes: what is in the file and how it was made."""
+    schema = {x_name: {"shape": [source.num_samples, *source.sample_shape],
+                       "dtype": str(source.dtype)}}
+    if y_name and source.has_labels:
+        schema[y_name] = {"shape": [source.num_samples], "dtype": "int64"}
+    return {
+        "schema": json.dumps(schema),
+        "num_samples": source.num_samples,
+        "source": source_name,
+        "split": source.name,
+        "seed": seed,
+        "source_params": json.dumps(source.params, sort_keys=True),
+        "hpcdp_version": __version__,
+    }
+
+
+# -- MPI ------------------------------------------------------------------------------
+
+
+class SerialComm:
+    """The one-process world, with the few collectives prep uses."""
+
+    rank = 0
+    size = 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        return value
+
+    def Barrier(self) -> None:  # noqa: N802 - mpi4py's name
+        pass
+
+    def Abort(self, code: int = 1) -> None:  # noqa: N802 - mpi4py's name
+        os._exit(code)
+
+
+def world() -> Any:
+    """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial."""
+    if not any(name in os.environ for name in MPI_MARKERS):
+        return SerialComm()
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _check_world(size: int) -> None:
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+    if size == 1 and tasks > 1:
+        raise PrepError(
+            f"started as {tasks} Slurm tasks but MPI sees one rank: use srun --mpi=pmix"
+        )
+    if size > 1:
+        import h5py
+
+        if not h5py.get_config().mpi:
+            raise PrepError("this h5py is built without MPI; several ranks cannot share one file")
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    x_name: str = "x"
+    y_name: str | None = "y"
+    compression: str = "none"
+    chunk_bytes: int = CHUNK_BYTES
+    seed: int = 0
+    source_name: str = ""
+
+
+def _collective_write(dset: Any, start: int, data: np.ndarray) -> None:
+    """One collective write of rows ``[start, start+len(data))``; zero rows still takes part."""
+    from h5py import h5fd, h5p, h5s
+
+    dxpl = h5p.create(h5p.DATASET_XFER)
+    dxpl.set_dxpl_mpio(h5fd.MPIO_COLLECTIVE)
+    fspace = dset.id.get_space()
+    tail = tuple(dset.shape[1:])
+    if len(data):
+        fspace.select_hyperslab((start,) + (0,) * len(tail), (len(data), *tail))
+        mspace = h5s.create_simple(data.shape)
+    else:
+        fspace.select_none()
+        data = np.zeros((1, *tail), dset.dtype)
+        mspace = h5s.create_simple(data.shape)
+        mspace.select_none()
+    dset.id.write(mspace, fspace, np.ascontiguousarray(data, dset.dtype), dxpl=dxpl)
+
+
+def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> tuple[Any, Any]:
+    comp: dict[str, Any] = {}
+    if opts.compression != "none":
+        comp = {"compression": opts.compression, "shuffle": opts.compression == "gzip"}
+    x = f.create_dataset(
+        opts.x_name, shape=(source.num_samples, *source.sample_shape), dtype=source.dtype,
+        chunks=(chunk, *source.sample_shape), fill_time="never", **comp,
+    )
+    y = None
+    if opts.y_name and source.has_labels:
+        y = f.create_dataset(
+            opts.y_name, shape=(source.num_samples,), dtype=np.int64,
+            chunks=(label_chunk_rows(chunk, source.num_samples),), fill_time="never", **comp,
+        )
+    for key, value in file_attrs(source, opts.source_name, opts.seed, opts.x_name,
+                                 opts.y_name).items():
+        f.attrs[key] = value
+    return x, y
+
+
+def _write_serial(path: str, source: src.Source, opts: WriteOptions, chunk: int) -> None:
+    import h5py
+
+    slab = slab_rows(chunk, source.sample_bytes)
+    with h5py.File(path, "w") as f:
+        x, y = _create(f, source, opts, chunk)
+        for a in range(0, source.num_samples, slab):
+            b = min(source.num_samples, a + slab)
+            xs, ys = source.slab(a, b)
+            x[a:b] = xs
+            if y is not None:
+                y[a:b] = ys
+
+
+def _write_parallel(path: str, source: src.Source, opts: WriteOptions, chunk: int,
+                    comm: Any) -> None:
+    import h5py
+
+    slab = slab_rows(chunk, source.sample_bytes)
+    lo, hi = rank_rows(source.num_samples, chunk, comm.rank, comm.size)
+    rounds = write_rounds(source.num_samples, chunk, slab, comm.size)
+    with h5py.File(path, "w", driver="mpio", comm=comm) as f:
+        x, y = _create(f, source, opts, chunk)
+        for i in range(rounds):
+            a, b = min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)
+            if a < b:
+                xs, ys = source.slab(a, b)
+            else:
+                xs = np.zeros((0, *source.sample_shape), source.dtype)
+                ys = np.zeros(0, np.int64)
+            _collective_write(x, a, xs)
+            if y is not None:
+                _collective_write(y, a, ys)
+
+
+def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any) -> str:
+    """Write one split to ``out_dir/NAME.h5`` via a temporary name; return the final path."""
+    final = os.path.join(out_dir, f"{source.name}.h5")
+    token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
+    tmp = os.path.join(out_dir, f".{source.name}.h5.tmp-{token}")
+    chunk = chunk_rows(source.sample_bytes, source.num_samples, opts.chunk_bytes)
+    if comm.size == 1:
+        _write_serial(tmp, source, opts, chunk)
+    elif opts.compression != "none":
+        if comm.rank == 0:
+            _write_serial(tmp, source, opts, chunk)
+    else:
+        _write_parallel(tmp, source, opts, chunk, comm)
+    comm.Barrier()
+    if comm.rank == 0:
+        os.replace(tmp, final)
+    comm.Barrier()
+    return final
+
+
+# -- command line ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", required=True, help="output folder (one NAME.h5 per split)")
+    common.add_argument("--seed", type=int, default=0, help="seed of the data and the split")
+    common.add_argument("--x-name", default="x", help="dataset name of the samples")
+    common.add_argument("--y-name", default="y", help="dataset name of the labels")
+    common.add_argument("--compression", choices=COMPRESSIONS, default="none",
+                        help="filter for both datasets; with several ranks rank 0 writes alone")
+    common.add_argument("--chunk-mib", type=float, default=CHUNK_BYTES / 2**20,
+                        help="target chunk size in MiB (chunks run along the sample axis)")
+    common.add_argument("--report", help="rank 0 writes timing and sizes as JSON here")
+    parser = argparse.ArgumentParser(
+        prog="hpcdp prep", description="Write a dataset as chunked, samples-first HDF5.")
+    sub = parser.add_subparsers(dest="source", required=True)
+    p = sub.add_parser("digits", parents=[common],
+                       help="scikit-learn's bundled 8x8 digits -> train.h5, val.h5 (uint8)")
+    p.add_argument("--val-fraction", type=float, default=0.2)
+    p = sub.add_parser("synthetic", parents=[common], help="seeded random samples of any shape")
+    p.add_argument("--samples", type=int, required=True)
+    p.add_argument("--shape", default="3,32,32", help="sample shape, e.g. 3,32,32")
+    p.add_argument("--dtype", default="uint8")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--val-samples", type=int, default=0, help="also write val.h5 with this many")
+    p = sub.add_parser("arrays", parents=[common],
+                       help="your .npy/.npz arrays, memory-mapped (never loaded whole)")
+    p.add_argument("--x", required=True, dest="x_path", help="samples: .npy or .npz")
+    p.add_argument("--y", dest="y_path", help="labels: .npy or .npz (default: none, or the "
+                                              "--y-key member of the --x .npz)")
+    p.add_argument("--x-key", default="x", help="member name inside a .npz")
+    p.add_argument("--y-key", default="y", help="member name inside a .npz ('' for none)")
+    p.add_argument("--split", default="train", help="output name: SPLIT.h5")
+    return parser
+
+
+def make_sources(args: argparse.Namespace) -> list[src.Source]:
+    """The splits the options ask for; `SourceError` on bad options or input files."""
+    if args.seed < 0:
+        raise src.SourceError(f"--seed must be non-negative, got {args.seed}")
+    if args.source == "digits":
+        return src.digits(args.seed, args.val_fraction)
+    if args.source == "synthetic":
+        if args.val_samples < 0:
+            raise src.SourceError(f"--val-samples must be non-negative, got {args.val_samples}")
+        return src.synthetic(args.samples, src.parse_shape(args.shape), args.dtype,
+                             args.classes, args.seed, args.val_samples)
+    return src.arrays(args.x_path, args.y_path, args.x_key, args.y_key or None, args.split)
+
+
+def _check_out(out: str) -> None:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PrepError(f"--out {out}: exists and is not a folder")
+    os.makedirs(out, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise PrepError(f"--out {out}: not writable")
+
+
+def _say(comm: Any, message: str) -> None:
+    prefix = f"[rank {comm.rank}] " if comm.size > 1 else ""
+    print(f"{prefix}hpcdp prep: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    comm = world()
+    opts = WriteOptions(x_name=args.x_name, y_name=args.y_name or None,
+                        compression=args.compression,
+                        chunk_bytes=max(1, int(args.chunk_mib * 2**20)), seed=args.seed,
+                        source_name=args.source)
+    error: str | None = None
+    try:
+        _check_world(comm.size)
+        if opts.x_name == opts.y_name:
+            raise PrepError(f"--x-name and --y-name are both {opts.x_name!r}")
+        sources = make_sources(args)
+        _check_out(args.out)
+    except (src.SourceError, PrepError, OSError, ImportError) as exc:
+        error = str(exc)
+    # Agree on bad input before any collective file operation: every rank reports it.
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        _say(comm, f"error: {errors[0]}")
+        return 1
+    comm.Barrier()
+    start = time.perf_counter()
+    written = []
+    try:
+        for source in sources:
+            written.append(write_split(args.out, source, opts, comm))
+    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
+        _say(comm, f"error while writing: {type(exc).__name__}: {exc}")
+        if comm.size > 1:
+            comm.Abort(1)
+        return 1
+    seconds = time.perf_counter() - start
+    if comm.rank == 0:
+        nbytes = sum(s.num_samples * s.sample_bytes for s in sources)
+        for path, source in zip(written, sources):
+            print(f"hpcdp prep: wrote {path}: {source.num_samples} samples of "
+                  f"{source.sample_shape} {source.dtype}", flush=True)
+        print(f"hpcdp prep: {nbytes / 2**20:.1f} MiB in {seconds:.2f} s on {comm.size} rank(s)",
+              flush=True)
+        if args.report:
+            with open(args.report, "w") as fh:
+                json.dump({"ranks": comm.size, "seconds": seconds, "bytes": nbytes,
+                           "samples": sum(s.num_samples for s in sources),
+                           "files": written}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

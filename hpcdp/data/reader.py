@@ -1,0 +1,555 @@
+"""Read a samples-first HDF5 file as equal, shuffled, resumable per-rank batches.
+
+Each rank reads only its own streams (see `hpcdp.data.partition`), a window
+of samples at a time, in contiguous row ranges (whole chunks where possible):
+never one sample at a time and never scattered-row fancy indexing, which are
+one to two orders of magnitude slower on HDF5. Batches are assembled from the
+in-memory windows by a background thread `prefetch` batches ahead, so memory
+is bounded by (streams per rank x window + prefetch batches), not by the file.
+
+The file is opened lazily in the process that reads it (and reopened after a
+fork), so a reader can be handed to forked or spawned worker processes.
+
+The remainder of an epoch smaller than one global batch is dropped, so that
+every rank takes the same number of steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from hpcdp.data import partition as pt
+
+#: Target bytes of one HDF5 read when the dataset is not chunked (the block size).
+CONTIGUOUS_BLOCK_BYTES = 1 << 20
+#: Default in-memory shuffle window per stream, in bytes (rounded to whole blocks).
+WINDOW_BYTES = 4 << 20
+
+STATE_KEYS = (
+    "seed", "epoch", "num_samples", "block", "virtual_shards", "stream_length", "window",
+    "position",
+)
+
+
+class ReaderError(ValueError):
+    """Bad input for the reader: the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the reader needs to know about a file, checked before any rank reads."""
+
+    path: str
+    x_name: str
+    y_name: str | None
+    num_samples: int
+    sample_shape: tuple[int, ...]
+    dtype: np.dtype
+    block: int
+
+    @property
+    def sample_bytes(self) -> int:
+        return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def open_h5(path: str) -> h5py.File:
+    """Open read-only with the library's locking default.
+
+    HDF5_USE_FILE_LOCKING=FALSE (set by `hpcdp.launcher`) turns locking off for
+    file systems without it; forcing it here would make any other open of the
+    same file in this process fail with "file locking flag values don't match".
+    """
+    return h5py.File(path, "r")
+
+
+def _dataset(f: h5py.File, path: str, name: str, role: str) -> h5py.Dataset:
+    if name not in f:
+        found = ", ".join(sorted(f.keys())) or "nothing"
+        raise ReaderError(f"{path}: no {role} dataset {name!r} (the file holds: {found})")
+    obj = f[name]
+    if not isinstance(obj, h5py.Dataset):
+        raise ReaderError(f"{path}: {name!r} is a {type(obj).__name__}, not a dataset")
+    return obj
+
+
+def _block_rows(dset: h5py.Dataset, sample_bytes: int) -> int:
+    """The unit of contiguous reads: the chunk rows, or about 1 MiB for unchunked data."""
+    if dset.chunks is not None:
+        return max(1, int(dset.chunks[0]))
+    return max(1, CONTIGUOUS_BLOCK_BYTES // max(1, sample_bytes))
+
+
+def validate_dataset(
+    path: str | os.PathLike[str], x_name: str = "x", y_name: str | None = "y",
+    min_samples: int = 1,
+) -> DatasetInfo:
+    """Check a file for the reader; raise `ReaderError` naming the file and the problem.
+
+    Call this on every rank before any collective, so that bad input ends the job
+    with a message everywhere instead of a hang.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ReaderError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ReaderError(f"{path}: is a directory, not an HDF5 file")
+    try:
+        is_hdf5 = h5py.is_hdf5(path)
+    except OSError as exc:
+        raise ReaderError(f"{path}: cannot be read: {exc}") from exc
+    if not is_hdf5:
+        raise ReaderError(f"{path}: not an HDF5 file")
+    try:
+        f = open_h5(path)
+    except OSError as exc:
+        raise ReaderError(f"{path}: cannot be opened as HDF5 (truncated or corrupt?): {exc}") from exc
+    with f:
+        x = _dataset(f, path, x_name, "data")
+        if x.ndim == 0 or x.shape[0] == 0:
+            raise ReaderError(f"{path}: dataset {x_name!r} is empty (shape {x.shape})")
+        n = int(x.shape[0])
+        if y_name is not None:
+            y = _dataset(f, path, y_name, "label")
+            if y.ndim != 1:
+                raise ReaderError(
+                    f"{path}: labels {y_name!r} must be one-dimensional, got shape {y.shape}"
+                )
+            if y.dtype.kind not in "iub":
+                raise ReaderError(
+                    f"{path}: labels {y_name!r} have dtype {y.dtype}; integer class labels needed"
+                )
+            if y.shape[0] != n:
+                raise ReaderError(
+                    f"{path}: {x_name!r} has {n} samples but {y_name!r} has {y.shape[0]} labels"
+                )
+        if n < min_samples:
+            raise ReaderError(
+                f"{path}: {n} samples, fewer than one global batch of {min_samples}"
+            )
+        sample_shape = tuple(int(d) for d in x.shape[1:])
+        dtype = np.dtype(x.dtype)
+        info = DatasetInfo(path, x_name, y_name, n, sample_shape, dtype, 1)
+        block = _block_rows(x, info.sample_bytes)
+        try:  # touch the first and last sample: a file truncated after its header fails here
+            x[0:1]
+            x[n - 1 : n]
+        except (OSError, RuntimeError) as exc:
+            raise ReaderError(f"{path}: dataset {x_name!r} cannot be read: {exc}") from exc
+    return DatasetInfo(path, x_name, y_name, n, sample_shape, dtype, block)
+
+
+def default_window(block: int, sample_bytes: int) -> int:
+    """About `WINDOW_BYTES` per stream in whole blocks; independent of the world size."""
+    return block * max(1, WINDOW_BYTES // max(1, block * sample_bytes))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A snapshot of what one pass over the rest of an epoch reads."""
+
+    seed: int
+    epoch: int
+    stream_len: int
+    window: int
+    per_stream: int
+    streams: range
+    position: int
+    steps: int
+
+
+class _Prefetcher:
+    """Runs `produce(step)` for each step in a thread, `depth` results ahead."""
+
+    def __init__(self, produce: Callable[[int], Any], steps: int, depth: int) -> None:
+        self._produce = produce
+        self._steps = steps
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpcdp-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for step in range(self._steps):
+                if self._stop.is_set():
+                    return
+                self._put(("ok", self._produce(step)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
+            self._put(("error", exc))
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self) -> Any:
+        while True:
+            try:
+                kind, value = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._stop.is_set() or not self._thread.is_alive():
+                    raise ReaderError("the reader's prefetch thread stopped early") from None
+                continue
+            if kind == "error":
+                raise value
+            return value
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+
+class _Sync:
+    """`prefetch=0`: produce each batch in the consumer's thread."""
+
+    def __init__(self, produce: Callable[[int], Any]) -> None:
+        self._produce = produce
+        self._step = 0
+
+    def get(self) -> Any:
+        item = self._produce(self._step)
+        self._step += 1
+        return item
+
+    def stop(self) -> None:
+        pass
+
+
+class _Windows:
+    """The current window of each of a rank's streams, read in contiguous row ranges."""
+
+    def __init__(self, reader: ShardedReader, plan: _Plan) -> None:
+        self._r = reader
+        self._plan = plan
+        info = reader.info
+        self._order = pt.epoch_block_order(info.num_samples, info.block, plan.seed, plan.epoch)
+        n_streams = len(plan.streams)
+        self._x = [np.empty((plan.window, *info.sample_shape), info.dtype) for _ in range(n_streams)]
+        self._y = [np.empty(plan.window, np.int64) for _ in range(n_streams)]
+        self._k = [-1] * n_streams
+        self._perm: list[np.ndarray] = [np.zeros(0, np.int64)] * n_streams
+
+    def _load(self, i: int, k: int) -> None:
+        plan, info = self._plan, self._r.info
+        v = plan.streams[i]
+        a, b = pt.window_bounds(plan.stream_len, plan.window, k)
+        runs = pt.stream_runs(info.num_samples, info.block, self._order, plan.stream_len, v, a, b)
+        x, y = self._r._datasets()
+        offset = 0
+        for start, stop in runs:
+            dest = np.s_[offset : offset + stop - start]
+            x.read_direct(self._x[i], np.s_[start:stop], dest)
+            if y is not None:
+                y.read_direct(self._y[i], np.s_[start:stop], dest)
+            offset += stop - start
+        self._perm[i] = pt.window_permutation(plan.seed, plan.epoch, v, k, b - a)
+        self._k[i] = k
+
+    def take(self, i: int, q: int, n: int, out_x: np.ndarray, out_y: np.ndarray | None) -> None:
+        """Copy stream-i positions [q, q+n), window-shuffled, into out_x/out_y."""
+        w = self._plan.window
+        done = 0
+        while done < n:
+            pos = q + done
+            k = pos // w
+            if self._k[i] != k:
+                self._load(i, k)
+            o = pos - k * w
+            m = min(n - done, len(self._perm[i]) - o)
+            idx = self._perm[i][o : o + m]
+            np.take(self._x[i], idx, axis=0, out=out_x[done : done + m])
+            if out_y is not None:
+                np.take(self._y[i], idx, axis=0, out=out_y[done : done + m])
+            done += m
+
+
+class ShardedReader:
+    """This rank's share of a samples-first HDF5 file, as shuffled, equal, resumable batches.
+
+    `batch_size` is per rank. The global order of an epoch depends on the seed,
+    epoch, global batch, virtual shards and window, never on the world size.
+    Call `set_epoch(e)` before each epoch; `state_dict()` / `load_state_dict()`
+    resume exactly mid-epoch, also into another world size that divides the
+    stored virtual shards.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        x_name: str = "x",
+        y_name: str | None = "y",
+        window_samples: int | None = None,
+        virtual_shards: int | None = None,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        path = os.fspath(path)
+        if batch_size < 1:
+            raise ReaderError(f"{path}: batch_size must be at least 1, got {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ReaderError(f"{path}: rank {rank} is outside a world of {world_size}")
+        if seed < 0:
+            raise ReaderError(f"{path}: seed must be non-negative, got {seed}")
+        if prefetch < 0:
+            raise ReaderError(f"{path}: prefetch must be non-negative, got {prefetch}")
+        self.path = path
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.global_batch = batch_size * world_size
+        self.info = validate_dataset(path, x_name, y_name, min_samples=self.global_batch)
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
+        self.transform = transform
+        self.seed = seed
+        self.window = window_samples or default_window(self.info.block, self.info.sample_bytes)
+        if self.window < 1:
+            raise ReaderError(f"{path}: window_samples must be at least 1, got {self.window}")
+        self.virtual_shards = self._check_layout(
+            virtual_shards or pt.default_virtual_shards(self.global_batch, world_size)
+        )
+        self.epoch = 0
+        self._position = 0
+        self._stream_len = self._fresh_stream_len()
+        self._resumed_epoch: int | None = None
+        self._file: h5py.File | None = None
+        self._pid: int | None = None
+        self._active: _Prefetcher | _Sync | None = None
+
+    # -- layout -------------------------------------------------------------------------
+
+    def _check_layout(self, virtual_shards: int) -> int:
+        try:
+            pt.check_virtual_shards(virtual_shards, self.global_batch, self.world_size)
+        except pt.PartitionError as exc:
+            raise ReaderError(
+                f"{self.path}: {exc} (batch {self.batch_size} per rank x {self.world_size} ranks)"
+            ) from exc
+        return virtual_shards
+
+    def _fresh_stream_len(self) -> int:
+        return pt.stream_length(self.info.num_samples, self.global_batch, self.virtual_shards)
+
+    @property
+    def per_stream(self) -> int:
+        """Samples each stream contributes to one global batch."""
+        return self.global_batch // self.virtual_shards
+
+    @property
+    def num_samples(self) -> int:
+        return self.info.num_samples
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.info.sample_shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.info.dtype
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps in a full epoch (the same on every rank)."""
+        return pt.steps_per_epoch(self.info.num_samples, self.global_batch)
+
+    @property
+    def window_bytes(self) -> int:
+        """Memory this rank holds in shuffle windows (the bound, with the prefetch depth)."""
+        streams = self.virtual_shards // self.world_size
+        return streams * self.window * self.info.sample_bytes
+
+    def __len__(self) -> int:
+        """Steps remaining in the current epoch (the same on every rank)."""
+        return pt.steps_remaining(self._stream_len, self._position, self.per_stream)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch` at its beginning, unless a loaded state resumes inside it."""
+        if epoch < 0:
+            raise ReaderError(f"{self.path}: epoch must be non-negative, got {epoch}")
+        self._stop_active()
+        if self._resumed_epoch is not None and epoch == self._resumed_epoch:
+            self._resumed_epoch = None
+            return
+        self._resumed_epoch = None
+        self.epoch = epoch
+        self._position = 0
+        self._stream_len = self._fresh_stream_len()
+
+    # -- state --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this epoch stands; independent of the global batch and world size."""
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "num_samples": self.info.num_samples,
+            "block": self.info.block,
+            "virtual_shards": self.virtual_shards,
+            "stream_length": self._stream_len,
+            "window": self.window,
+            "position": self._position,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where `state` left off; check it fits this file and this world size."""
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise ReaderError(f"{self.path}: reader state lacks {', '.join(missing)}")
+        st = {k: int(state[k]) for k in STATE_KEYS}
+        if st["num_samples"] != self.info.num_samples or st["block"] != self.info.block:
+            raise ReaderError(
+                f"{self.path}: the reader state is for {st['num_samples']} samples in blocks of "
+                f"{st['block']}, but the file has {self.info.num_samples} in blocks of "
+                f"{self.info.block}"
+            )
+        v = st["virtual_shards"]
+        if v < 1 or v % self.world_size or self.global_batch % v:
+            raise ReaderError(
+                f"{self.path}: cannot resume {v} virtual shards on {self.world_size} ranks with "
+                f"batch {self.batch_size} per rank: the world size must divide {v} and the "
+                f"global batch ({self.global_batch}) must be a multiple of {v}"
+            )
+        if st["window"] < 1 or st["seed"] < 0 or st["epoch"] < 0:
+            raise ReaderError(f"{self.path}: reader state has an invalid window, seed or epoch")
+        if not (0 < st["stream_length"] and st["stream_length"] * v <= self.info.num_samples):
+            raise ReaderError(
+                f"{self.path}: reader state stream length {st['stream_length']} x {v} streams "
+                f"does not fit {self.info.num_samples} samples"
+            )
+        if not 0 <= st["position"] <= st["stream_length"]:
+            raise ReaderError(
+                f"{self.path}: reader state position {st['position']} is outside its stream "
+                f"of {st['stream_length']}"
+            )
+        self._stop_active()
+        self.seed, self.epoch, self.window = st["seed"], st["epoch"], st["window"]
+        self.virtual_shards = v
+        self._stream_len, self._position = st["stream_length"], st["position"]
+        self._resumed_epoch = self.epoch
+
+    # -- I/O ----------------------------------------------------------------------------
+
+    def _datasets(self) -> tuple[h5py.Dataset, h5py.Dataset | None]:
+        """The open datasets, opening the file on first use in this process."""
+        if self._file is None or self._pid != os.getpid():
+            # After a fork the parent's handle is not ours to use (nor to close).
+            self._file = open_h5(self.path)
+            self._pid = os.getpid()
+        f = self._file
+        y = f[self.info.y_name] if self.info.y_name is not None else None
+        return f[self.info.x_name], y
+
+    def _plan(self) -> _Plan:
+        return _Plan(
+            seed=self.seed,
+            epoch=self.epoch,
+            stream_len=self._stream_len,
+            window=self.window,
+            per_stream=self.per_stream,
+            streams=pt.rank_streams(self.virtual_shards, self.world_size, self.rank),
+            position=self._position,
+            steps=len(self),
+        )
+
+    def _producer(self, plan: _Plan) -> Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]:
+        windows = _Windows(self, plan)
+        has_y = self.info.y_name is not None
+        pin = self.pin_memory and torch.cuda.is_available()
+        u, b = plan.per_stream, self.batch_size
+
+        def produce(step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            out_x = np.empty((b, *self.info.sample_shape), self.info.dtype)
+            out_y = np.empty(b, np.int64) if has_y else None
+            q = plan.position + step * u
+            for i in range(len(plan.streams)):
+                windows.take(i, q, u, out_x[i * u : (i + 1) * u],
+                             None if out_y is None else out_y[i * u : (i + 1) * u])
+            x = torch.from_numpy(out_x)
+            y = torch.from_numpy(out_y) if out_y is not None else None
+            if self.transform is not None:
+                x = self.transform(x)
+            if pin:
+                x = x.pin_memory()
+                y = y.pin_memory() if y is not None else None
+            return x, y
+
+        return produce
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        self._stop_active()
+        plan = self._plan()
+        produce = self._producer(plan)
+        source: _Prefetcher | _Sync = (
+            _Prefetcher(produce, plan.steps, self.prefetch) if self.prefetch else _Sync(produce)
+        )
+        self._active = source
+        return self._consume(source, plan)
+
+    def _consume(
+        self, source: _Prefetcher | _Sync, plan: _Plan
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        try:
+            for _ in range(plan.steps):
+                batch = source.get()
+                if self._active is not source:
+                    raise ReaderError(f"{self.path}: the reader was reset while iterating")
+                # Count what the consumer received, not what the thread read ahead.
+                self._position += plan.per_stream
+                yield batch
+        finally:
+            source.stop()
+            if self._active is source:
+                self._active = None
+
+    def _stop_active(self) -> None:
+        if self._active is not None:
+            self._active.stop()
+            self._active = None
+
+    def close(self) -> None:
+        """Stop the prefetch thread and close the file (reopened if used again)."""
+        self._stop_active()
+        if self._file is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                self._file.close()
+        self._file = None
+        self._pid = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __enter__(self) -> ShardedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the open file or thread (for spawned worker processes)."""
+        state = dict(self.__dict__)
+        state.update(_file=None, _pid=None, _active=None)
+        return state

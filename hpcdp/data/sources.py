@@ -1,0 +1,289 @@
+"""Where prepared samples come from: deterministic slabs, no MPI and no HDF5 here.
+
+A source knows its size, sample shape and dtype, and returns any row range
+``[start, stop)`` on request. The content of a row never depends on which rank
+asks or how rows are grouped into slabs, so 1 rank and N ranks write the same
+file, and a source bigger than memory is written slab by slab.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Rows generated together by the synthetic source (a fixed unit so that the data
+#: does not depend on the writer's slab boundaries).
+_GEN_BYTES = 4 << 20
+
+
+class SourceError(ValueError):
+    """Bad source options or input files; the message names the file and problem."""
+
+
+@dataclass
+class Source:
+    """A named split of samples that can be produced a row range at a time."""
+
+    name: str
+    num_samples: int
+    sample_shape: tuple[int, ...]
+    dtype: np.dtype
+    has_labels: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sample_bytes(self) -> int:
+        return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def slab(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Samples and labels of rows ``[start, stop)``."""
+        raise NotImplementedError
+
+
+# -- digits ---------------------------------------------------------------------------
+
+
+def digits_split_indices(num_samples: int, seed: int, val_fraction: float) -> dict[str, np.ndarray]:
+    """A deterministic train/val split of ``range(num_samples)``, each part in file order."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise SourceError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed]))).permutation(
+        num_samples
+    )
+    n_val = round(num_samples * val_fraction)
+    return {"train": np.sort(perm[n_val:]), "val": np.sort(perm[:n_val])}
+
+
+class _ArraysInMemory(Source):
+    """A small split held in memory (digits: 1797 samples of 8x8)."""
+
+    def __init__(self, name: str, x: np.ndarray, y: np.ndarray, params: dict[str, Any]) -> None:
+        super().__init__(name, len(x), tuple(x.shape[1:]), x.dtype, True, params)
+        self._x, self._y = x, y
+
+    def slab(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        return self._x[start:stop], self._y[start:stop]
+
+
+def digits(seed: int = 0, val_fraction: float = 0.2) -> list[Source]:
+    """scikit-learn's bundled handwritten digits (no download), split into train and val.
+
+    x is uint8 of shape (1, 8, 8): the 0..16 intensities scaled to 0..255, so
+    that models normalize every uint8 dataset the same way (x / 255).
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = np.rint(np.asarray(bunch.images, dtype=np.float64) * (255.0 / 16.0))
+    x = images.astype(np.uint8)[:, None, :, :]
+    y = np.asarray(bunch.target, dtype=np.int64)
+    parts = digits_split_indices(len(x), seed, val_fraction)
+    params = {"val_fraction": val_fraction, "scale": "0..16 -> 0..255 uint8"}
+    return [
+        _ArraysInMemory(name, np.ascontiguousarray(x[idx]), y[idx], params)
+        for name, idx in parts.items()
+        if len(idx)
+    ]
+
+
+# -- synthetic ------------------------------------------------------------------------
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"3,32,32"`` -> ``(3, 32, 32)``; every dimension positive."""
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        raise SourceError(f"--shape {text!r}: expected positive integers like 3,32,32") from None
+    if not shape or any(d < 1 for d in shape):
+        raise SourceError(f"--shape {text!r}: expected positive integers like 3,32,32")
+    return shape
+
+
+def _numeric_dtype(text: str) -> np.dtype:
+    try:
+        dtype = np.dtype(text)
+    except TypeError:
+        raise SourceError(f"--dtype {text!r} is not a numpy dtype") from None
+    if dtype.kind not in "uif":
+        raise SourceError(f"--dtype {text!r}: need an integer or floating-point dtype")
+    return dtype
+
+
+class Synthetic(Source):
+    """Seeded random samples with a weak per-class pattern, so a model can learn them."""
+
+    def __init__(
+        self, name: str, num_samples: int, shape: tuple[int, ...], dtype: str, classes: int,
+        seed: int, stream: int,
+    ) -> None:
+        if num_samples < 1:
+            raise SourceError(f"synthetic {name}: --samples must be at least 1, got {num_samples}")
+        if classes < 1:
+            raise SourceError(f"synthetic: --classes must be at least 1, got {classes}")
+        np_dtype = _numeric_dtype(dtype)
+        params = {"classes": classes, "shape": list(shape), "dtype": str(np_dtype)}
+        super().__init__(name, num_samples, shape, np_dtype, True, params)
+        self.classes, self.seed, self.stream = classes, seed, stream
+        self.gen_rows = max(1, _GEN_BYTES // self.sample_bytes)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 2**31])))
+        self._templates = self._draw(rng, (classes, *shape))
+
+    def _draw(self, rng: np.random.Generator, size: tuple[int, ...]) -> np.ndarray:
+        if self.dtype.kind == "f":
+            return rng.standard_normal(size, dtype=np.float64).astype(self.dtype)
+        return rng.integers(0, 256, size=size, dtype=np.uint8)
+
+    def _block(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        lo = k * self.gen_rows
+        rows = min(self.gen_rows, self.num_samples - lo)
+        rng = np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence([self.seed, self.stream, k]))
+        )
+        y = rng.integers(0, self.classes, size=rows, dtype=np.int64)
+        noise = self._draw(rng, (rows, *self.sample_shape))
+        if self.dtype.kind == "f":
+            x = (self._templates[y] + noise).astype(self.dtype)
+        else:
+            x = ((self._templates[y] >> 1) + (noise >> 1)).astype(self.dtype)
+        return x, y
+
+    def slab(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        xs, ys = [], []
+        for k in range(start // self.gen_rows, -(-stop // self.gen_rows)):
+            x, y = self._block(k)
+            lo = k * self.gen_rows
+            a, b = max(start, lo) - lo, min(stop, lo + len(x)) - lo
+            xs.append(x[a:b])
+            ys.append(y[a:b])
+        if len(xs) == 1:
+            return xs[0], ys[0]
+        return np.concatenate(xs), np.concatenate(ys)
+
+
+def synthetic(
+    samples: int, shape: tuple[int, ...], dtype: str = "uint8", classes: int = 10, seed: int = 0,
+    val_samples: int = 0,
+) -> list[Source]:
+    """`samples` training samples (and `val_samples` validation samples, drawn apart)."""
+    out: list[Source] = [Synthetic("train", samples, shape, dtype, classes, seed, 0)]
+    if val_samples:
+        out.append(Synthetic("val", val_samples, shape, dtype, classes, seed, 1))
+    return out
+
+
+# -- user arrays ----------------------------------------------------------------------
+
+
+def _npz_member_memmap(path: str, key: str) -> np.ndarray:
+    """Memory-map one member of an uncompressed .npz (a zip of .npy files) in place."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+            if key not in names:
+                raise SourceError(f"{path}: no array {key!r} (it holds: {', '.join(names)})")
+            info = zf.getinfo(key + ".npy")
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise SourceError(
+                    f"{path}: array {key!r} is compressed and cannot be memory-mapped; "
+                    "save it with numpy.savez (not savez_compressed) or as a .npy file"
+                )
+            with open(path, "rb") as fh:
+                fh.seek(info.header_offset)
+                local = fh.read(30)
+                if local[:4] != b"PK\x03\x04":
+                    raise SourceError(f"{path}: damaged zip entry for {key!r}")
+                name_len = int.from_bytes(local[26:28], "little")
+                extra_len = int.from_bytes(local[28:30], "little")
+                start = info.header_offset + 30 + name_len + extra_len
+                fh.seek(start)
+                version = np.lib.format.read_magic(fh)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, fortran, dtype = read_header(fh)
+                offset = fh.tell()
+    except zipfile.BadZipFile as exc:
+        raise SourceError(f"{path}: not a valid .npz file: {exc}") from exc
+    except ValueError as exc:
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(f"{path}: array {key!r} has a damaged .npy header: {exc}") from exc
+    return _memmap(path, dtype, shape, fortran, offset)
+
+
+def _memmap(path: str, dtype: np.dtype, shape: tuple[int, ...], fortran: bool,
+            offset: int) -> np.ndarray:
+    if dtype.hasobject:
+        raise SourceError(f"{path}: object arrays cannot be prepared")
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if os.path.getsize(path) < need:
+        raise SourceError(f"{path}: truncated: {os.path.getsize(path)} bytes, need {need}")
+    if fortran and len(shape) > 1:
+        raise SourceError(f"{path}: Fortran-ordered arrays are not supported; save a C-order copy")
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape, offset=offset)
+
+
+def load_array(path: str, key: str | None) -> np.ndarray:
+    """A memory-mapped array from a .npy file or an uncompressed .npz member."""
+    if not os.path.isfile(path):
+        raise SourceError(f"{path}: no such file")
+    if path.endswith(".npz"):
+        if not key:
+            raise SourceError(f"{path}: name the array inside the .npz (--x-key / --y-key)")
+        return _npz_member_memmap(path, key)
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise SourceError(f"{path}: not a readable .npy file: {exc}") from exc
+    if not isinstance(arr, np.ndarray):
+        raise SourceError(f"{path}: expected a .npy array")
+    if arr.dtype.hasobject:
+        raise SourceError(f"{path}: object arrays cannot be prepared")
+    return arr
+
+
+class Arrays(Source):
+    """User arrays, memory-mapped: only the requested slab is ever read."""
+
+    def __init__(self, name: str, x: np.ndarray, y: np.ndarray | None, x_path: str,
+                 y_path: str | None) -> None:
+        if x.ndim < 1 or x.shape[0] == 0:
+            raise SourceError(f"{x_path}: the data array is empty (shape {x.shape})")
+        if x.dtype.kind not in "buif":
+            raise SourceError(f"{x_path}: data dtype {x.dtype} is not numeric")
+        if y is not None:
+            if y.ndim != 1:
+                raise SourceError(f"{y_path}: labels must be one-dimensional, got shape {y.shape}")
+            if y.dtype.kind not in "iub":
+                raise SourceError(f"{y_path}: labels have dtype {y.dtype}; integers needed")
+            if len(y) != len(x):
+                raise SourceError(
+                    f"{x_path} has {len(x)} samples but {y_path} has {len(y)} labels"
+                )
+        params = {"x": os.path.basename(x_path), "y": os.path.basename(y_path or "")}
+        super().__init__(name, len(x), tuple(x.shape[1:]), x.dtype, y is not None, params)
+        self._x, self._y = x, y
+
+    def slab(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        y = None if self._y is None else np.asarray(self._y[start:stop], dtype=np.int64)
+        return np.asarray(self._x[start:stop]), y
+
+
+def arrays(x_path: str, y_path: str | None = None, x_key: str | None = "x",
+           y_key: str | None = "y", split: str = "train") -> list[Source]:
+    """One split from user arrays (.npy, or members of an uncompressed .npz)."""
+    x = load_array(x_path, x_key)
+    y = None
+    if y_path:
+        y = load_array(y_path, y_key)
+    elif x_path.endswith(".npz") and y_key:
+        y = load_array(x_path, y_key)
+        y_path = x_path
+    return [Arrays(split, x, y, x_path, y_path)]
