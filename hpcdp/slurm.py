@@ -1,0 +1,448 @@
+"""Slurm batch scripts for hpcdp training: render (pure), submit (calls sbatch).
+
+`render(**options)` turns an allocation request into a batch script. Its
+keyword arguments ARE the options: the command line is built from its
+signature, `render_options` refuses names it does not have, and every invalid
+request raises `RenderError` before a line is produced, so a broken request
+never becomes a broken script. The `#SBATCH` lines come in a fixed order with
+every value shell-quoted, which keeps golden-file tests readable.
+
+`slurm/train.sbatch` is `render()` with the defaults (a unit test keeps the two
+equal); its launch section adapts to whatever `sbatch` options it is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import shlex
+import subprocess
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# Signals hpcdp.preempt turns into checkpoint-and-requeue.
+SIGNALS = ("USR1", "USR2", "TERM")
+# Slurm stores the signal lead time in 16 bits.
+MAX_SIGNAL_LEAD = 65535
+# sbatch options render() manages itself; extra options may not repeat them.
+MANAGED = (
+    "job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time",
+    "partition", "account", "qos", "constraint", "exclusive", "signal", "requeue",
+    "open-mode", "output",
+)
+_TIME = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)$"
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*=")
+_OPTION = re.compile(r"^--(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)
+
+
+class RenderError(ValueError):
+    """An allocation request that cannot become a working batch script."""
+
+
+def time_seconds(limit: str) -> int:
+    """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME.match(limit) if isinstance(limit, str) else None
+    if m is None:
+        raise RenderError(
+            f"time {limit!r} is not a Slurm time limit "
+            "(minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+        )
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "h" in g:
+        return (g["h"] * 60 + g["hm"]) * 60 + g["hs"]
+    return g["m"] * 60 + g.get("ms", 0)
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RenderError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise RenderError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise RenderError(f"{name} must be a non-empty string, got {value!r}")
+    if "\n" in value or "\r" in value:
+        raise RenderError(f"{name} must be one line, got {value!r}")
+    return value
+
+
+def _lines(name: str, values: object) -> list[str]:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise RenderError(f"{name} must be a list of strings, got {values!r}")
+    return [_text(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def _sbatch_option(index: int, option: str) -> str:
+    """One extra `--name[=value]` option as an #SBATCH line, its value quoted."""
+    text = _text(f"sbatch_options[{index}]", option)
+    m = _OPTION.match(text)
+    if m is None:
+        raise RenderError(
+            f"sbatch_options[{index}] {option!r} is not a long sbatch option like --mem=8G"
+        )
+    name, value = m["name"], m["value"]
+    if name in MANAGED:
+        raise RenderError(
+            f"sbatch_options[{index}] {option!r} repeats an option render() sets itself; "
+            f"use its {name.replace('-', '_')} argument"
+        )
+    return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={_q(value)}"
+
+
+HEADER = """\
+# hpcdp training job. Arguments after the script name go to `python -m hpcdp.train`:
+#   sbatch [sbatch options] THIS_SCRIPT --config FILE key.sub=value ...
+# One rank per GPU (per task on CPU-only nodes), launched with srun --mpi=pmix.
+# Environment (all optional): HPCDP_VENV (venv to activate), HPCDP_SETUP (file to
+# source first: module loads, exports), HPCDP_PYTHON (interpreter, default python3),
+# HPCDP_SRUN_MPI (default pmix), HPCDP_SRUN_ARGS (extra srun options). NCCL, HDF5,
+# Horovod and thread settings below are defaults: exported values win.
+"""
+
+LAUNCH = r"""
+# ---- launch: the same for every allocation -------------------------------------------
+log() { echo "[hpcdp.sbatch $(date -u +%H:%M:%S)] $*"; }
+if [[ -n "${HPCDP_SETUP:-}" ]]; then
+  [[ -f "$HPCDP_SETUP" ]] || { log "error: HPCDP_SETUP=$HPCDP_SETUP is not a file"; exit 2; }
+  source "$HPCDP_SETUP"
+fi
+if [[ -n "${HPCDP_VENV:-}" ]]; then
+  [[ -f "$HPCDP_VENV/bin/activate" ]] || {
+    log "error: HPCDP_VENV=$HPCDP_VENV has no bin/activate"; exit 2; }
+  source "$HPCDP_VENV/bin/activate"
+fi
+python="${HPCDP_PYTHON:-python3}"
+
+# Layout: one rank per GPU when the job has GPUs, else the job's tasks.
+nodes="${SLURM_JOB_NUM_NODES:-1}"
+gpus="${SLURM_GPUS_ON_NODE:-0}"
+cpus_on_node="${SLURM_CPUS_ON_NODE:-1}"
+if (( gpus > 0 )); then
+  if [[ -n "${SLURM_NTASKS_PER_NODE:-}" && "$SLURM_NTASKS_PER_NODE" != "$gpus" ]]; then
+    log "error: one rank per GPU, but --ntasks-per-node=$SLURM_NTASKS_PER_NODE" \
+        "differs from the $gpus GPUs per node"
+    exit 2
+  fi
+  tasks_per_node=$gpus
+  ntasks=$(( nodes * gpus ))
+  layout=(--ntasks="$ntasks" --ntasks-per-node="$gpus")
+else
+  ntasks="${SLURM_NTASKS:-$(( nodes * ${SLURM_NTASKS_PER_NODE:-1} ))}"
+  tasks_per_node=$(( (ntasks + nodes - 1) / nodes ))
+  layout=(--ntasks="$ntasks")
+fi
+
+# CPUs and threads per rank, consistently: srun (Slurm >= 22.05 reads
+# SRUN_CPUS_PER_TASK), OpenMP and the math libraries all get the same count.
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+  cpus_per_task=$SLURM_CPUS_PER_TASK
+else
+  cpus_per_task=$(( cpus_on_node / tasks_per_node ))
+  (( cpus_per_task >= 1 )) || cpus_per_task=1
+fi
+overcommit=()
+if (( cpus_per_task * tasks_per_node > cpus_on_node )); then
+  log "warning: $cpus_on_node CPUs per node for $tasks_per_node ranks, so ranks share CPUs;" \
+      "ask for --cpus-per-gpu, --cpus-per-task or --exclusive"
+  overcommit=(--overcommit)
+  export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
+fi
+export SRUN_CPUS_PER_TASK=$cpus_per_task
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$cpus_per_task}"
+export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$OMP_NUM_THREADS}"
+
+# Defaults the user can override by exporting them before sbatch.
+export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
+export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+export HOROVOD_CYCLE_TIME="${HOROVOD_CYCLE_TIME:-10}"
+export PYTHONUNBUFFERED=1
+
+# Each rank keeps exactly one GPU of its node: the one at its local rank.
+export HPCDP_BIND_GPU=$(( gpus > 0 ? 1 : 0 ))
+bind='if [[ "$HPCDP_BIND_GPU" == 1 ]]; then
+  IFS=, read -ra node_gpus <<< "${CUDA_VISIBLE_DEVICES:-}"
+  if (( SLURM_LOCALID >= ${#node_gpus[@]} )); then
+    echo "hpcdp: local rank $SLURM_LOCALID on $SLURMD_NODENAME has no GPU" \
+         "(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-})" >&2
+    exit 3
+  fi
+  export CUDA_VISIBLE_DEVICES="${node_gpus[$SLURM_LOCALID]}"
+fi
+exec "$@"'
+
+read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
+srun_args=(--mpi="${HPCDP_SRUN_MPI:-pmix}" "${layout[@]}" --cpus-per-task="$cpus_per_task"
+           "${overcommit[@]}" --kill-on-bad-exit=1 "${srun_extra[@]}")
+command=("$python" -m hpcdp.train "${train_args[@]}" "$@")
+log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}:" \
+    "$ntasks ranks, $nodes node(s), $gpus GPU(s)/node, $cpus_per_task CPU(s)/rank"
+log "srun ${srun_args[*]} ${command[*]}"
+
+# srun runs in the background so this shell can pass signals on and outlive the
+# ranks: a batch shell that died early would end the job while rank 0 is still
+# writing its checkpoint. Slurm sends TERM (time limit, scancel, requeue) to the
+# ranks itself, and srun turns a TERM of its own into a kill, so TERM is only logged.
+srun "${srun_args[@]}" bash -c "$bind" hpcdp-rank "${command[@]}" &
+srun_pid=$!
+trap 'log "batch shell got TERM; the ranks get it from Slurm"' TERM
+trap 'log "batch shell got USR1; passing it to the ranks"; kill -USR1 "$srun_pid"' USR1
+trap 'log "batch shell got USR2; passing it to the ranks"; kill -USR2 "$srun_pid"' USR2
+status=0
+while true; do
+  wait "$srun_pid" && status=0 || status=$?
+  kill -0 "$srun_pid" 2>/dev/null || break  # still running: the wait was cut short by a signal
+done
+log "ranks finished with exit status $status"
+exit "$status"
+"""
+
+
+def render(
+    *,
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    ntasks_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    time: str = "01:00:00",
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
+    exclusive: bool = False,
+    job_name: str = "hpcdp-train",
+    output: str = "%x-%j.out",
+    signal: str = "USR1",
+    signal_lead: int = 300,
+    sbatch_options: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    setup: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    venv: str | None = None,
+    config: str | None = None,
+    overrides: Sequence[str] = (),
+) -> str:
+    """The batch script for one training allocation.
+
+    nodes, gpus_per_node (0: CPU-only), ntasks_per_node (default: one per GPU,
+    else 1), cpus_per_task, time (Slurm format), partition, account, qos,
+    constraint, exclusive: the allocation. signal and signal_lead (seconds
+    before the time limit) ask Slurm to warn the ranks so they can checkpoint
+    and requeue. sbatch_options: further `--name=value` options. modules (to
+    `module load`), setup (shell lines), env (exports), venv: the environment.
+    config and overrides (`key.sub=value`): the training run; arguments given
+    to sbatch after the script are appended to them.
+    """
+    nodes = _int("nodes", nodes, 1)
+    gpus_per_node = _int("gpus_per_node", gpus_per_node, 0)
+    if ntasks_per_node is not None:
+        ntasks_per_node = _int("ntasks_per_node", ntasks_per_node, 1)
+        if gpus_per_node and ntasks_per_node != gpus_per_node:
+            raise RenderError(
+                f"one rank per GPU: ntasks_per_node ({ntasks_per_node}) must equal "
+                f"gpus_per_node ({gpus_per_node}), or be left out"
+            )
+    if cpus_per_task is not None:
+        cpus_per_task = _int("cpus_per_task", cpus_per_task, 1)
+    limit = time_seconds(time)
+    if limit <= 0:
+        raise RenderError(f"time {time!r} is zero; give the job a positive time limit")
+    if signal not in SIGNALS:
+        raise RenderError(f"signal {signal!r} is not one of {', '.join(SIGNALS)}")
+    signal_lead = _int("signal_lead", signal_lead, 1)
+    if signal_lead > MAX_SIGNAL_LEAD:
+        raise RenderError(f"signal_lead {signal_lead}s exceeds Slurm's {MAX_SIGNAL_LEAD}s")
+    if signal_lead >= limit:
+        raise RenderError(
+            f"signal_lead ({signal_lead}s) must be shorter than the time limit {time!r} ({limit}s)"
+        )
+    if not isinstance(exclusive, bool):
+        raise RenderError(f"exclusive must be true or false, got {exclusive!r}")
+
+    sb = [
+        f"--job-name={_q(_text('job_name', job_name))}",
+        f"--nodes={nodes}",
+    ]
+    # Left out by default, so that `sbatch --ntasks=N` or `--gpus-per-node=G` decide.
+    if ntasks_per_node or gpus_per_node:
+        sb.append(f"--ntasks-per-node={ntasks_per_node or gpus_per_node}")
+    if gpus_per_node:
+        sb.append(f"--gpus-per-node={gpus_per_node}")
+    if cpus_per_task is not None:
+        sb.append(f"--cpus-per-task={cpus_per_task}")
+    if exclusive:
+        sb.append("--exclusive")
+    sb.append(f"--time={_q(time)}")
+    for name, value in (("partition", partition), ("account", account), ("qos", qos),
+                        ("constraint", constraint)):
+        if value is not None:
+            sb.append(f"--{name}={_q(_text(name, value))}")
+    sb += [
+        f"--signal={signal}@{signal_lead}",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={_q(_text('output', output))}",
+    ]
+    lines = ["#!/bin/bash", HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb)]
+    lines += [_sbatch_option(i, o) for i, o in enumerate(_lines("sbatch_options", sbatch_options))]
+    lines.append("set -eo pipefail")
+
+    body: list[str] = []
+    body += [f"module load {_q(m)}" for m in _lines("modules", modules)]
+    body += _lines("setup", setup)
+    if env is not None:
+        if not isinstance(env, Mapping):
+            raise RenderError(f"env must be a mapping of names to values, got {env!r}")
+        for name, value in env.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise RenderError(f"env name {name!r} is not a valid shell variable name")
+            body.append(f"export {name}={_q(_text(f'env[{name}]', value))}")
+    if venv is not None:
+        body.append(f"export HPCDP_VENV={_q(_text('venv', venv))}")
+    args: list[str] = []
+    if config is not None:
+        args += ["--config", _text("config", config)]
+    for i, item in enumerate(_lines("overrides", overrides)):
+        if not _OVERRIDE.match(item):
+            raise RenderError(f"overrides[{i}] {item!r} is not of the form key.sub=value")
+        args.append(item)
+    body.append("train_args=(" + " ".join(_q(a) for a in args) + ")")
+    return "\n".join(lines + body) + "\n" + LAUNCH
+
+
+def option_names() -> list[str]:
+    """The options render() accepts, in signature order."""
+    return list(inspect.signature(render).parameters)
+
+
+def render_options(options: Mapping[str, object]) -> str:
+    """render(**options), refusing unknown option names with the list of valid ones."""
+    unknown = sorted(set(options) - set(option_names()))
+    if unknown:
+        raise RenderError(
+            f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(option_names())}"
+        )
+    return render(**options)  # type: ignore[arg-type]
+
+
+def submit(script: str, sbatch: str = "sbatch", args: Sequence[str] = (),
+           timeout: float = 60.0) -> str:
+    """Submit a rendered script (on stdin, nothing written) and return the job id."""
+    try:
+        done = subprocess.run([sbatch, "--parsable", *args], input=script, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise RuntimeError(f"{sbatch} not found: is Slurm's client installed here?") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"sbatch failed (exit {done.returncode}): {done.stderr.strip()}")
+    # --parsable prints "jobid" or "jobid;cluster".
+    return done.stdout.strip().split(";")[0]
+
+
+# ---- command line, derived from render()'s signature ---------------------------------
+
+
+def _add_option(parser: argparse.ArgumentParser, name: str, param: inspect.Parameter,
+                hint: object) -> None:
+    """One command-line option for one render() parameter, typed by its annotation."""
+    flag = "--" + name.replace("_", "-")
+    default = param.default
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    members = set(typing.get_args(hint)) if union else {hint}
+    origins = {typing.get_origin(m) for m in members}
+    if name == "overrides":
+        parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                            help="training config overrides")
+    elif hint is bool:
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+    elif Mapping in origins:
+        parser.add_argument(flag, action="append", metavar="NAME=VALUE", default=None,
+                            help="repeatable")
+    elif Sequence in origins:
+        parser.add_argument(flag, action="append", default=None, help="repeatable")
+    elif int in members:
+        parser.add_argument(flag, type=int, default=default, help=f"default: {default}")
+    else:
+        parser.add_argument(flag, type=str, default=default, help=f"default: {default}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpcdp slurm", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
+    sub = parser.add_subparsers(dest="action", required=True)
+    hints = typing.get_type_hints(render)
+    for action, help_ in (("render", "print the batch script"),
+                          ("submit", "render it and submit it with sbatch; print the job id")):
+        # No abbreviations: an unknown option must fail, not match a longer one.
+        p = sub.add_parser(action, help=help_, allow_abbrev=False)
+        for name, param in inspect.signature(render).parameters.items():
+            _add_option(p, name, param, hints[name])
+        if action == "render":
+            p.add_argument("--out", help="write the script here instead of stdout")
+        else:
+            p.add_argument("--save", help="also write the submitted script here")
+    return parser
+
+
+def _options(ns: argparse.Namespace) -> dict[str, object]:
+    opts: dict[str, object] = {}
+    for name in option_names():
+        value = getattr(ns, name)
+        if name == "env" and value is not None:
+            pairs: dict[str, str] = {}
+            for item in value:
+                key, sep, val = item.partition("=")
+                if not sep:
+                    raise RenderError(f"--env {item!r} is not NAME=VALUE")
+                pairs[key] = val
+            value = pairs
+        elif isinstance(value, list):
+            value = tuple(value)
+        if value is None and name in ("sbatch_options", "modules", "setup"):
+            continue
+        opts[name] = value
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        script = render_options(_options(ns))
+    except RenderError as e:
+        print(f"hpcdp slurm {ns.action}: {e}", file=sys.stderr)
+        return 2
+    if ns.action == "render":
+        if ns.out:
+            Path(ns.out).write_text(script)
+        else:
+            sys.stdout.write(script)
+        return 0
+    if ns.save:
+        Path(ns.save).write_text(script)
+    try:
+        print(submit(script))
+    except RuntimeError as e:
+        print(f"hpcdp slurm submit: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
