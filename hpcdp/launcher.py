@@ -43,8 +43,14 @@ def launch_command(
         raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
     if launcher == "mpirun":
         cmd = [
-            "mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none",
-            "--tag-output", "--allow-run-as-root",
+            "mpirun",
+            "-np",
+            str(np),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--tag-output",
+            "--allow-run-as-root",
         ]
         for name in env_names:
             cmd += ["-x", name]

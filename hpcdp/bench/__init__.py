@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name = args[0]
     if name not in BENCHMARKS:
-        print(f"hpcdp bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",
-              file=sys.stderr)
+        print(
+            f"hpcdp bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(f"hpcdp.bench.{name}")
     return int(module.main(args[1:]) or 0)

@@ -1,0 +1,47 @@
+# hpcdp: the two commands a new user needs are `make demo` and `make test`.
+# Both set up the whole stack first (system packages when root on Debian or
+# Ubuntu, the venv, parallel h5py, the patched Horovod build).
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export HDF5_USE_FILE_LOCKING := FALSE
+
+.PHONY: setup test test-unit test-parallel test-slurm lint demo bench doctor clean
+
+setup:
+	bash scripts/setup-system.sh
+	VENV=$(VENV) bash scripts/setup-python.sh
+
+## The whole suite: lint, unit tests, multi-rank tests, the local Slurm cluster.
+test: setup lint
+	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit -ra $(PYTEST_ARGS)
+
+test-parallel: setup
+	$(PY) -m pytest tests/parallel -ra $(PYTEST_ARGS)
+
+test-slurm: setup
+	$(PY) -m pytest tests/slurm -ra $(PYTEST_ARGS)
+
+lint:
+	$(VENV)/bin/ruff check hpcdp tests datasets
+
+## Prepare the bundled digits data with 2 ranks and train on it with horovodrun -np 2.
+demo: setup
+	VENV=$(VENV) bash scripts/demo.sh
+
+bench: setup
+	$(VENV)/bin/hpcdp bench all --out bench/results
+
+doctor: setup
+	$(VENV)/bin/hpcdp doctor
+
+clean:
+	rm -rf runs data bench/results .pytest_cache .ruff_cache

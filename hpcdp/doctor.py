@@ -1,0 +1,258 @@
+"""`hpcdp doctor`: check the stack this job would run on, and say what is wrong.
+
+As one process it checks the build (Horovod's frameworks, controllers and
+tensor operations; the MPI library; parallel HDF5; PyTorch and CUDA; Slurm's
+commands). Under a launcher with several ranks it also gathers every rank's
+placement and checks that ranks, local ranks and sizes agree and that no two
+local ranks on a node share a GPU. It exits non-zero, naming each problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpcdp.placement import (
+    RankPlacement,
+    check_placement,
+    device_index_for_local_rank,
+    physical_gpu,
+)
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+# Variables through which each launcher tells a process the world size and its rank.
+_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str
+    name: str
+    detail: str
+
+
+def launcher_world_size(env: Mapping[str, str]) -> int:
+    """The number of ranks a launcher started, or 1 when none did."""
+    for var in _SIZE_VARS:
+        value = env.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def launcher_rank(env: Mapping[str, str]) -> int | None:
+    for var in _RANK_VARS:
+        value = env.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def check_torch() -> list[Check]:
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - report any import failure
+        return [Check(FAIL, "pytorch", f"cannot import torch: {exc}")]
+    checks = [
+        Check(OK, "pytorch", f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    ]
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        checks.append(Check(OK, "gpus", f"{len(names)} visible: {', '.join(names)}"))
+    else:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        note = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
+        checks.append(Check(OK, "gpus", f"none usable by PyTorch: training runs on CPU{note}"))
+    return checks
+
+
+def check_horovod() -> list[Check]:
+    try:
+        import horovod
+        import horovod.torch as hvd
+    except Exception as exc:  # noqa: BLE001
+        return [Check(FAIL, "horovod", f"cannot import horovod.torch: {exc}")]
+    controllers = [
+        n for n, built in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built())) if built
+    ]
+    ops = [
+        n
+        for n, built in (
+            ("NCCL", hvd.nccl_built()),
+            ("MPI", hvd.mpi_built()),
+            ("Gloo", hvd.gloo_built()),
+        )
+        if built
+    ]
+    detail = (
+        f"{horovod.__version__}: frameworks PyTorch;"
+        f" controllers {', '.join(controllers) or 'none'};"
+        f" tensor ops {', '.join(ops) or 'none'}; CUDA {'yes' if hvd.cuda_built() else 'no'}"
+    )
+    status = OK if controllers else FAIL
+    checks = [
+        Check(status, "horovod", detail if controllers else detail + " (no controller built)")
+    ]
+    try:
+        import torch
+
+        if torch.cuda.is_available() and not hvd.nccl_built():
+            checks.append(
+                Check(
+                    WARN,
+                    "nccl",
+                    "GPUs present but Horovod has no NCCL ops: "
+                    "rebuild with 'make setup' on a node with CUDA and NCCL",
+                )
+            )
+    except ImportError:
+        pass
+    return checks
+
+
+def check_mpi() -> list[Check]:
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # noqa: BLE001
+        return [Check(FAIL, "mpi", f"cannot import mpi4py: {exc}")]
+    version = MPI.Get_library_version().strip().splitlines()[0]
+    return [Check(OK, "mpi", version)]
+
+
+def check_hdf5() -> list[Check]:
+    try:
+        import h5py
+    except Exception as exc:  # noqa: BLE001
+        return [Check(FAIL, "hdf5", f"cannot import h5py: {exc}")]
+    parallel = h5py.get_config().mpi
+    detail = (
+        f"h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, parallel (mpio): {parallel}"
+    )
+    if not parallel:
+        return [
+            Check(FAIL, "hdf5", detail + " -- rebuild h5py against parallel HDF5 ('make setup')")
+        ]
+    return [Check(OK, "hdf5", detail)]
+
+
+def check_slurm() -> list[Check]:
+    commands = ("sbatch", "srun", "scontrol", "squeue")
+    missing = [c for c in commands if shutil.which(c) is None]
+    if missing:
+        return [
+            Check(
+                WARN,
+                "slurm",
+                f"commands not found: {', '.join(missing)} "
+                "(needed only to submit jobs from this machine)",
+            )
+        ]
+    return [Check(OK, "slurm", "sbatch, srun, scontrol, squeue found")]
+
+
+def stack_checks() -> list[Check]:
+    return check_torch() + check_horovod() + check_mpi() + check_hdf5() + check_slurm()
+
+
+def my_placement(hvd) -> tuple[RankPlacement, list[str]]:
+    """This rank's placement, and any disagreement between Horovod and the launcher."""
+    import torch
+
+    if torch.cuda.is_available():
+        index = device_index_for_local_rank(hvd.local_rank(), torch.cuda.device_count())
+        props = torch.cuda.get_device_properties(index)
+        gpu = str(getattr(props, "uuid", index))
+    else:
+        gpu = physical_gpu(hvd.local_rank(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    place = RankPlacement(
+        hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(), gpu
+    )
+    problems = []
+    env_rank, env_size = launcher_rank(os.environ), launcher_world_size(os.environ)
+    if env_rank is not None and env_rank != hvd.rank():
+        problems.append(f"rank {hvd.rank()}: the launcher says rank {env_rank}")
+    if env_size != hvd.size():
+        problems.append(f"rank {hvd.rank()}: Horovod size {hvd.size()}, launcher size {env_size}")
+    return place, problems
+
+
+def placement_checks(timeout: float) -> tuple[list[Check], bool]:
+    """Gather every rank's placement (a collective every rank must reach).
+
+    A rank whose peers never arrive (one failed before the collective) gives
+    up after `timeout` seconds instead of waiting forever.
+    """
+    import horovod.torch as hvd
+
+    def give_up() -> None:
+        print(
+            f"hpcdp doctor: rank {os.environ.get('HOROVOD_RANK', '?')}: the other ranks did not "
+            f"join the placement check within {timeout:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(3)
+
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    hvd.init()
+    place, problems = my_placement(hvd)
+    gathered = hvd.allgather_object((place, problems))
+    watchdog.cancel()
+    places = [p for p, _ in gathered]
+    problems = [msg for _, msgs in gathered for msg in msgs] + check_placement(places)
+    hosts = sorted({p.host for p in places})
+    lines = [
+        f"rank {p.rank}: host {p.host}, local rank {p.local_rank}/{p.local_size}, "
+        f"GPU {p.gpu if p.gpu is not None else '-'}"
+        for p in sorted(places, key=lambda p: p.rank)
+    ]
+    checks = [Check(OK, "ranks", f"{len(places)} ranks on {len(hosts)} host(s)")]
+    checks += [Check(OK, "placement", line) for line in lines]
+    checks += [Check(FAIL, "placement", msg) for msg in problems]
+    return checks, hvd.rank() == 0
+
+
+def render(checks: list[Check]) -> str:
+    return "\n".join(f"  {c.status:<5} {c.name:<10} {c.detail}" for c in checks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hpcdp doctor", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--no-ranks",
+        action="store_true",
+        help="skip the multi-rank placement checks even under a launcher",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for every rank to join the placement check",
+    )
+    args = parser.parse_args(argv)
+    checks = stack_checks()
+    printer = True
+    stack_ok = all(c.status != FAIL for c in checks)
+    if stack_ok and not args.no_ranks and launcher_world_size(os.environ) > 1:
+        rank_checks, printer = placement_checks(args.timeout)
+        checks += rank_checks
+    failed = [c for c in checks if c.status == FAIL]
+    if printer or failed:
+        print("hpcdp doctor\n" + render(checks), flush=True)
+        verdict = f"{len(failed)} problem(s)" if failed else "everything needed is in place"
+        print(f"hpcdp doctor: {verdict}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""Horovod itself is correct on this build, under each launcher we support."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.parallel
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "horovodrun-gloo"])
+def test_horovod_collectives(ranks, launcher: str) -> None:
+    run = ranks("hvd_ops", np=2, launcher=launcher, timeout=180)
+    assert run.output.count("all Horovod checks passed") == 2, run.describe()
