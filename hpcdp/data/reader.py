@@ -27,6 +27,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
+from h5py import h5s
 
 from hpcdp.data import partition as pt
 
@@ -112,7 +113,9 @@ def validate_dataset(
     try:
         f = open_h5(path)
     except OSError as exc:
-        raise ReaderError(f"{path}: cannot be opened as HDF5 (truncated or corrupt?): {exc}") from exc
+        raise ReaderError(
+            f"{path}: cannot be opened as HDF5 (truncated or corrupt?): {exc}"
+        ) from exc
     with f:
         x = _dataset(f, path, x_name, "data")
         if x.ndim == 0 or x.shape[0] == 0:
@@ -232,8 +235,49 @@ class _Sync:
         pass
 
 
+class _Labels:
+    """Labels read a whole label chunk at a time (one HDF5 call), a few chunks kept.
+
+    Labels are tiny next to samples; reading them run by run would double the
+    number of HDF5 calls for no data.
+    """
+
+    KEEP_BYTES = 4 << 20
+
+    def __init__(self, dset: h5py.Dataset) -> None:
+        self._dset = dset
+        n = int(dset.shape[0])
+        self._rows = int(dset.chunks[0]) if dset.chunks is not None else 1 << 16
+        self._rows = max(1, min(self._rows, n))
+        self._keep = max(2, self.KEEP_BYTES // (self._rows * 8))
+        self._cache: dict[int, np.ndarray] = {}
+
+    def _chunk(self, c: int) -> np.ndarray:
+        got = self._cache.pop(c, None)
+        if got is None:
+            lo = c * self._rows
+            got = np.asarray(self._dset[lo : lo + self._rows], dtype=np.int64)
+            if len(self._cache) >= self._keep:
+                self._cache.pop(next(iter(self._cache)))
+        self._cache[c] = got  # most recently used last
+        return got
+
+    def read(self, start: int, stop: int, out: np.ndarray) -> None:
+        pos = start
+        while pos < stop:
+            c = pos // self._rows
+            lo = c * self._rows
+            m = min(stop, lo + self._rows) - pos
+            out[pos - start : pos - start + m] = self._chunk(c)[pos - lo : pos - lo + m]
+            pos += m
+
+
 class _Windows:
-    """The current window of each of a rank's streams, read in contiguous row ranges."""
+    """The current window of each of a rank's streams, read in contiguous row ranges.
+
+    All windows live in one buffer, so that a batch is one gather (`np.take`) from
+    it whenever no stream crosses into its next window.
+    """
 
     def __init__(self, reader: ShardedReader, plan: _Plan) -> None:
         self._r = reader
@@ -241,43 +285,71 @@ class _Windows:
         info = reader.info
         self._order = pt.epoch_block_order(info.num_samples, info.block, plan.seed, plan.epoch)
         n_streams = len(plan.streams)
-        self._x = [np.empty((plan.window, *info.sample_shape), info.dtype) for _ in range(n_streams)]
-        self._y = [np.empty(plan.window, np.int64) for _ in range(n_streams)]
+        w = plan.window
+        self._x = np.empty((n_streams * w, *info.sample_shape), info.dtype)
+        self._y = np.zeros(n_streams * w, np.int64)
         self._k = [-1] * n_streams
-        self._perm: list[np.ndarray] = [np.zeros(0, np.int64)] * n_streams
+        self._gidx: list[np.ndarray] = [np.zeros(0, np.int64)] * n_streams
+        self._x_dset, y_dset = reader._datasets()
+        self._labels = _Labels(y_dset) if y_dset is not None else None
+        self._fspace = self._x_dset.id.get_space()
+        self._mspace = h5s.create_simple(self._x.shape)
+        self._zeros = (0,) * len(info.sample_shape)
+
+    def _read_rows(self, start: int, stop: int, dest: int) -> None:
+        """Rows [start, stop) of the file into buffer rows [dest, dest + stop - start)."""
+        count = (stop - start, *self._r.info.sample_shape)
+        self._fspace.select_hyperslab((start, *self._zeros), count)
+        self._mspace.select_hyperslab((dest, *self._zeros), count)
+        self._x_dset.id.read(self._mspace, self._fspace, self._x)
 
     def _load(self, i: int, k: int) -> None:
         plan, info = self._plan, self._r.info
         v = plan.streams[i]
         a, b = pt.window_bounds(plan.stream_len, plan.window, k)
         runs = pt.stream_runs(info.num_samples, info.block, self._order, plan.stream_len, v, a, b)
-        x, y = self._r._datasets()
-        offset = 0
+        dest = i * plan.window
         for start, stop in runs:
-            dest = np.s_[offset : offset + stop - start]
-            x.read_direct(self._x[i], np.s_[start:stop], dest)
-            if y is not None:
-                y.read_direct(self._y[i], np.s_[start:stop], dest)
-            offset += stop - start
-        self._perm[i] = pt.window_permutation(plan.seed, plan.epoch, v, k, b - a)
+            self._read_rows(start, stop, dest)
+            if self._labels is not None:
+                self._labels.read(start, stop, self._y[dest : dest + stop - start])
+            dest += stop - start
+        perm = pt.window_permutation(plan.seed, plan.epoch, v, k, b - a)
+        self._gidx[i] = perm + i * plan.window
         self._k[i] = k
 
-    def take(self, i: int, q: int, n: int, out_x: np.ndarray, out_y: np.ndarray | None) -> None:
-        """Copy stream-i positions [q, q+n), window-shuffled, into out_x/out_y."""
-        w = self._plan.window
-        done = 0
-        while done < n:
-            pos = q + done
-            k = pos // w
-            if self._k[i] != k:
-                self._load(i, k)
-            o = pos - k * w
-            m = min(n - done, len(self._perm[i]) - o)
-            idx = self._perm[i][o : o + m]
-            np.take(self._x[i], idx, axis=0, out=out_x[done : done + m])
+    def fill(self, q: int, out_x: np.ndarray, out_y: np.ndarray | None) -> None:
+        """Positions [q, q+u) of each of this rank's streams, window-shuffled, into out_x/out_y."""
+        u, w = self._plan.per_stream, self._plan.window
+        pending: list[np.ndarray] = []
+        flushed = 0  # out rows [0, flushed) are written; pending fills the next ones
+
+        def flush() -> None:
+            nonlocal flushed
+            if not pending:
+                return
+            src = np.concatenate(pending) if len(pending) > 1 else pending[0]
+            end = flushed + len(src)
+            # mode="clip": numpy buffers `out` for mode="raise"; indices are in range anyway.
+            np.take(self._x, src, axis=0, out=out_x[flushed:end], mode="clip")
             if out_y is not None:
-                np.take(self._y[i], idx, axis=0, out=out_y[done : done + m])
-            done += m
+                np.take(self._y, src, out=out_y[flushed:end], mode="clip")
+            flushed = end
+            pending.clear()
+
+        for i in range(len(self._k)):
+            done = 0
+            while done < u:
+                pos = q + done
+                k = pos // w
+                if self._k[i] != k:
+                    flush()  # the other windows stay; this stream's buffer is about to change
+                    self._load(i, k)
+                o = pos - k * w
+                m = min(u - done, len(self._gidx[i]) - o)
+                pending.append(self._gidx[i][o : o + m])
+                done += m
+        flush()
 
 
 class ShardedReader:
@@ -434,7 +506,7 @@ class ShardedReader:
             )
         if st["window"] < 1 or st["seed"] < 0 or st["epoch"] < 0:
             raise ReaderError(f"{self.path}: reader state has an invalid window, seed or epoch")
-        if not (0 < st["stream_length"] and st["stream_length"] * v <= self.info.num_samples):
+        if not (st["stream_length"] > 0 and st["stream_length"] * v <= self.info.num_samples):
             raise ReaderError(
                 f"{self.path}: reader state stream length {st['stream_length']} x {v} streams "
                 f"does not fit {self.info.num_samples} samples"
@@ -483,10 +555,7 @@ class ShardedReader:
         def produce(step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
             out_x = np.empty((b, *self.info.sample_shape), self.info.dtype)
             out_y = np.empty(b, np.int64) if has_y else None
-            q = plan.position + step * u
-            for i in range(len(plan.streams)):
-                windows.take(i, q, u, out_x[i * u : (i + 1) * u],
-                             None if out_y is None else out_y[i * u : (i + 1) * u])
+            windows.fill(plan.position + step * u, out_x, out_y)
             x = torch.from_numpy(out_x)
             y = torch.from_numpy(out_y) if out_y is not None else None
             if self.transform is not None:

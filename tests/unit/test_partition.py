@@ -87,7 +87,9 @@ def test_global_order_is_the_same_for_world_sizes_1_2_3_4_8(
     lay=layouts(),
     data=st.data(),
 )
-def test_resume_at_any_step_into_any_compatible_world(lay: dict[str, int], data: st.DataObject) -> None:
+def test_resume_at_any_step_into_any_compatible_world(
+    lay: dict[str, int], data: st.DataObject
+) -> None:
     v, g = lay["virtual_shards"], lay["global_batch"]
     full = pt.global_order(**lay)
     steps = full.shape[0]

@@ -1,0 +1,203 @@
+"""The sharded reader on one process: order, content, resume, threads, processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import threading
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from hpcdp.data import partition as pt
+from hpcdp.data.reader import ReaderError, ShardedReader
+
+
+def make_file(path: Path, n: int, chunk: int | None = 16, x_name: str = "x",
+              y_name: str = "y", dtype: str = "float32") -> Path:
+    """x[i] = (i, -i) (or i % 251 for uint8) and y[i] = i: every sample names itself."""
+    with h5py.File(path, "w") as f:
+        if dtype == "uint8":
+            x = (np.arange(n)[:, None, None] % 251 * np.ones((1, 2, 3))).astype(np.uint8)
+        else:
+            x = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(dtype)
+        f.create_dataset(x_name, data=x, chunks=(chunk, *x.shape[1:]) if chunk else None)
+        f.create_dataset(y_name, data=np.arange(n, dtype=np.int64),
+                         chunks=(chunk,) if chunk else None)
+    return path
+
+
+def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
+    out = []
+    for j, (x, y) in enumerate(reader):
+        assert y is not None
+        np.testing.assert_array_equal(x[:, 0].numpy(), y.numpy())  # content follows the label
+        out.append(y.numpy())
+        if steps is not None and j + 1 == steps:
+            break
+    return np.stack(out) if out else np.zeros((0, reader.batch_size), np.int64)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_file(tmp_path / "d.h5", 1000)
+
+
+def test_one_rank_reads_the_global_order(data: Path) -> None:
+    with ShardedReader(data, batch_size=48, seed=5, window_samples=40) as r:
+        assert r.virtual_shards == 24 and r.steps_per_epoch == 1000 // 48 == len(r)
+        got = read_all(r)
+        assert len(r) == 0
+    np.testing.assert_array_equal(got, pt.global_order(1000, 16, 5, 0, 48, 24, 40))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ranks_split_each_global_batch(data: Path, world: int) -> None:
+    ref = pt.global_order(1000, 16, 5, 3, 48, 24, 40)
+    parts = []
+    for rank in range(world):
+        with ShardedReader(data, batch_size=48 // world, rank=rank, world_size=world, seed=5,
+                           window_samples=40) as r:
+            r.set_epoch(3)
+            parts.append(read_all(r))
+    assert {p.shape for p in parts} == {(ref.shape[0], 48 // world)}
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), ref)
+
+
+def test_dtypes_shapes_and_no_labels(tmp_path: Path) -> None:
+    path = make_file(tmp_path / "u8.h5", 300, dtype="uint8", x_name="img", y_name="lab")
+    with ShardedReader(path, batch_size=10, x_name="img", y_name="lab") as r:
+        assert (r.num_samples, r.sample_shape, r.dtype) == (300, (2, 3), np.dtype("uint8"))
+        x, y = next(iter(r))
+        assert x.dtype == torch.uint8 and x.shape == (10, 2, 3)
+        assert y is not None and y.dtype == torch.int64
+        np.testing.assert_array_equal(x[:, 0, 0].numpy(), y.numpy() % 251)
+    with ShardedReader(path, batch_size=10, x_name="img", y_name=None, prefetch=0) as r:
+        batches = list(r)
+        assert len(batches) == 30 and all(y is None for _, y in batches)
+
+
+def test_unchunked_dataset_and_transform(tmp_path: Path) -> None:
+    path = make_file(tmp_path / "flat.h5", 200, chunk=None)
+    with ShardedReader(path, batch_size=8, transform=lambda x: x * 2) as r:
+        x, y = next(iter(r))
+        np.testing.assert_array_equal(x[:, 0].numpy(), 2 * y.numpy())
+
+
+def test_epochs_differ_and_set_epoch_restarts(data: Path) -> None:
+    with ShardedReader(data, batch_size=24) as r:
+        e0 = read_all(r)
+        assert len(r) == 0
+        r.set_epoch(1)
+        assert len(r) == r.steps_per_epoch
+        e1 = read_all(r)
+        r.set_epoch(0)
+        np.testing.assert_array_equal(read_all(r), e0)
+    assert not np.array_equal(e0, e1)
+    assert len(np.unique(e1)) == e1.size == e0.size
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 7, 20])
+def test_resume_mid_epoch_is_exact(data: Path, stop_after: int) -> None:
+    with ShardedReader(data, batch_size=24, seed=9, prefetch=3) as r:
+        r.set_epoch(2)
+        full = read_all(r)
+    with ShardedReader(data, batch_size=24, seed=9, prefetch=3) as r:
+        r.set_epoch(2)
+        first = read_all(r, steps=stop_after) if stop_after else np.zeros((0, 24), np.int64)
+        state = r.state_dict()
+    assert state["position"] == stop_after * (24 // r.virtual_shards)
+    with ShardedReader(data, batch_size=24, seed=0) as r2:  # the state's seed wins
+        r2.load_state_dict(state)
+        r2.set_epoch(2)  # the loaded epoch: keeps the position
+        assert len(r2) == full.shape[0] - stop_after
+        rest = read_all(r2)
+    np.testing.assert_array_equal(np.concatenate([first, rest]), full)
+
+
+def test_resume_from_4_ranks_into_2(data: Path) -> None:
+    """Checkpointed with 4 ranks x 12, resumed with 2 ranks x 24 and 2 ranks x 36."""
+    readers = [ShardedReader(data, batch_size=12, rank=r, world_size=4, seed=1) for r in range(4)]
+    first = np.concatenate([read_all(r, steps=5) for r in readers], axis=1)
+    states = [r.state_dict() for r in readers]
+    assert all(s == states[0] for s in states)
+    for r in readers:
+        r.close()
+    ref = pt.global_order(1000, 16, 1, 0, 48, 24, readers[0].window)
+    np.testing.assert_array_equal(first, ref[:5])
+    for b in (24, 36):
+        parts = []
+        for rank in range(2):
+            with ShardedReader(data, batch_size=b, rank=rank, world_size=2) as r:
+                r.load_state_dict(states[0])
+                parts.append(read_all(r))
+        rest = np.concatenate(parts, axis=1)
+        seen = np.concatenate([first.ravel(), rest.ravel()])
+        assert len(np.unique(seen)) == len(seen)
+        assert 1000 - len(seen) < 48 + 2 * b  # only the documented remainder is left out
+        if b == 24:
+            np.testing.assert_array_equal(rest, ref[5:])
+
+
+def test_state_counts_received_batches_not_prefetched(data: Path) -> None:
+    with ShardedReader(data, batch_size=24, prefetch=8) as r:
+        it = iter(r)
+        next(it)
+        threading.Event().wait(0.2)  # let the thread run ahead
+        assert r.state_dict()["position"] == 24 // r.virtual_shards
+        assert len(r) == r.steps_per_epoch - 1
+
+
+def test_bad_state_is_refused(data: Path, tmp_path: Path) -> None:
+    with ShardedReader(data, batch_size=24) as r:
+        state = r.state_dict()
+    other = make_file(tmp_path / "other.h5", 999)
+    with ShardedReader(other, batch_size=24) as r, pytest.raises(ReaderError, match="999"):
+        r.load_state_dict(state)
+    with ShardedReader(data, batch_size=5, world_size=5) as r:
+        with pytest.raises(ReaderError, match="world size must divide 24"):
+            r.load_state_dict(state)
+        with pytest.raises(ReaderError, match="lacks position"):
+            r.load_state_dict({k: v for k, v in state.items() if k != "position"})
+
+
+def test_thread_errors_reach_the_consumer_and_threads_stop(data: Path) -> None:
+    def boom(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("transform failed")
+
+    r = ShardedReader(data, batch_size=24, transform=boom)
+    with pytest.raises(RuntimeError, match="transform failed"):
+        next(iter(r))
+    r.close()
+    with ShardedReader(data, batch_size=24, prefetch=4) as r:
+        for _ in zip(range(3), r):
+            pass
+    alive = [t for t in threading.enumerate() if t.name == "hpcdp-reader"]
+    for t in alive:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in alive)
+
+
+def _child_labels(reader: ShardedReader, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    q.put(read_all(reader))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_reader_in_another_process(data: Path, method: str) -> None:
+    r = ShardedReader(data, batch_size=24, seed=3)
+    expected = read_all(r)  # the parent has the file open
+    r.set_epoch(0)
+    pickle.dumps(r)
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_labels, args=(r, q))
+    p.start()
+    got = q.get(timeout=60)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(read_all(r), expected)  # the parent's handle still works
+    r.close()
