@@ -26,6 +26,16 @@ HOROVOD_RECIPE=1
 
 log() { echo "setup-python: $*"; }
 
+# A venv already set up from these very inputs needs nothing more: the stamp
+# holds a hash of the files and choices that decide what gets installed.
+stamp="$VENV/.hpcdp-setup"
+inputs_hash=$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)-${TORCH_REQ}-${HPCDP_GPU_OPS:-auto}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs_hash" ] \
+   && "$VENV/bin/python" -c 'import horovod.torch, h5py, hpcdp' >/dev/null 2>&1; then
+  log "$VENV is up to date (delete $stamp to force a reinstall)"
+  exit 0
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   "$PYTHON" -m venv "$VENV"
@@ -108,3 +118,4 @@ assert hvd.mpi_built() and hvd.gloo_built(), "Horovod lacks the MPI or Gloo cont
 print(f"setup-python: ready: torch {torch.__version__}, horovod {__import__('horovod').__version__}, "
       f"h5py {h5py.__version__} (parallel)")
 PYEOF
+echo "$inputs_hash" > "$stamp"
