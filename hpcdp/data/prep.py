@@ -232,13 +232,18 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any)
     token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
     tmp = os.path.join(out_dir, f".{source.name}.h5.tmp-{token}")
     chunk = chunk_rows(source.sample_bytes, source.num_samples, opts.chunk_bytes)
-    if comm.size == 1:
-        _write_serial(tmp, source, opts, chunk)
-    elif opts.compression != "none":
-        if comm.rank == 0:
+    try:
+        if comm.size == 1:
             _write_serial(tmp, source, opts, chunk)
-    else:
-        _write_parallel(tmp, source, opts, chunk, comm)
+        elif opts.compression != "none":
+            if comm.rank == 0:
+                _write_serial(tmp, source, opts, chunk)
+        else:
+            _write_parallel(tmp, source, opts, chunk, comm)
+    except BaseException:
+        if comm.size == 1 and os.path.exists(tmp):
+            os.remove(tmp)  # with several ranks the job is aborted; a stale .tmp may remain
+        raise
     comm.Barrier()
     if comm.rank == 0:
         os.replace(tmp, final)
