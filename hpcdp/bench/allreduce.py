@@ -1,0 +1,349 @@
+"""`hpcdp bench allreduce`: all-reduce bandwidth, Horovod vs raw MPI vs memcpy, side by side.
+
+The parent process launches this same module (`--worker`) once per
+configuration (a launcher and its environment: Horovod's defaults, hpcdp's
+settings, MPI or Gloo controller). Inside one launch every column runs on the
+same buffers, interleaved round by round, so a ratio such as Horovod/raw MPI
+compares figures measured at the same moment on a noisy machine.
+
+Columns (all on float32 buffers of the given size):
+  memcpy  torch copy_ between two warm buffers: what one core can move.
+  alloc   a fresh torch.empty(...).fill_(0): the page-fault cost an
+          out-of-place op pays when its output is newly allocated.
+  mpi     mpi4py Allreduce(src, dst), preallocated, out of place.
+  mpi_    mpi4py Allreduce(IN_PLACE, buf).
+  hvd     hvd.allreduce(src): out of place, Horovod allocates the output.
+  hvd_    hvd.allreduce_(buf): in place, what DistributedOptimizer does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcdp import hvd_settings
+from hpcdp.bench import common
+from hpcdp.bench.common import RunConfig
+
+COLUMNS = ("memcpy", "alloc", "mpi", "mpi_", "hvd", "hvd_")
+MPI_ONLY = ("mpi", "mpi_")
+HVD_COLUMNS = ("hvd", "hvd_")
+DEFAULT_SIZES = "4KiB..256MiB"
+DEFAULT_CONFIGS = ("mpi-default", "mpi-hpcdp", "gloo-default", "gloo-hpcdp")
+
+
+def builtin_configs() -> dict[str, RunConfig]:
+    """Horovod's own defaults vs hpcdp's settings, under the MPI and the Gloo controller."""
+    default, tuned = hvd_settings.default_env(), hvd_settings.recommended_env()
+    return {
+        "mpi-default": RunConfig("mpi-default", "mpirun", default),
+        "mpi-hpcdp": RunConfig("mpi-hpcdp", "mpirun", tuned),
+        "gloo-default": RunConfig("gloo-default", "horovodrun-gloo", default),
+        "gloo-hpcdp": RunConfig("gloo-hpcdp", "horovodrun-gloo", tuned),
+    }
+
+
+def iters_for(nbytes: int, budget: int, lo: int = 1, hi: int = 200) -> int:
+    """Ops per timed block: about `budget` bytes each, within [lo, hi].
+
+    A pure function of the size, so every rank agrees without communicating.
+    """
+    if nbytes <= 0 or budget <= 0:
+        raise ValueError("size and budget must be positive")
+    return max(lo, min(hi, budget // nbytes))
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One rank: measure every column at every size, then rank 0 writes the JSON."""
+    import torch
+
+    comm = mpi = None
+    if args.mpi:
+        from mpi4py import MPI
+
+        mpi, comm = MPI, MPI.COMM_WORLD
+    import horovod.torch as hvd
+
+    hvd.init()
+    columns = [c for c in args.columns.split(",") if args.mpi or c not in MPI_ONLY]
+
+    def sync() -> None:
+        if comm is not None:
+            comm.Barrier()
+        else:
+            hvd.barrier()
+
+    rows: list[dict[str, Any]] = []
+    for nbytes in (int(s) for s in args.sizes.split(",")):
+        n = nbytes // 4
+        src, dst, buf = torch.ones(n), torch.empty(n), torch.zeros(n)
+        ops: dict[str, Callable[[], object]] = {
+            "memcpy": lambda dst=dst, src=src: dst.copy_(src),
+            "alloc": lambda n=n: torch.empty(n).fill_(0.0),
+            "hvd": lambda src=src, k=nbytes: hvd.allreduce(src, op=hvd.Sum, name=f"ar.{k}"),
+            "hvd_": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, op=hvd.Sum, name=f"ar_.{k}"),
+        }
+        if comm is not None:
+            s_np, d_np, b_np = src.numpy(), dst.numpy(), buf.numpy()
+            ops["mpi"] = lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=mpi.SUM)
+            ops["mpi_"] = lambda b=b_np: comm.Allreduce(mpi.IN_PLACE, b, op=mpi.SUM)
+        iters = args.iters or iters_for(nbytes, common.parse_size(args.budget))
+        times: dict[str, list[float]] = {c: [] for c in columns}
+        for rnd in range(args.warmup + args.repeats):
+            shift = rnd % len(columns)  # rotate the order so no column always runs first
+            for col in columns[shift:] + columns[:shift]:
+                sync()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    ops[col]()
+                per_op = (time.perf_counter() - start) / iters
+                if rnd >= args.warmup:
+                    times[col].append(per_op)
+        # The slowest rank's time is the op's time (a collective ends when the last rank does).
+        gathered = hvd.allgather_object(times)
+        for col in columns:
+            worst = [max(t[col][i] for t in gathered) for i in range(args.repeats)]
+            rows.append({"column": col, "bytes": nbytes, "iters": iters, "seconds": worst})
+        del src, dst, buf, ops
+    if hvd.rank() == 0:
+        common.write_json(args.json, {
+            "np": hvd.size(),
+            "columns": columns,
+            "mpi_threads_supported": bool(hvd.mpi_threads_supported()) if args.mpi else None,
+            "rows": rows,
+        })
+    hvd.shutdown()
+    return 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+def summarize(config: RunConfig, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Median time, algbw and busbw per (column, size) of one configuration's worker output."""
+    nranks = int(raw["np"])
+    out = []
+    for row in raw["rows"]:
+        secs = common.median(row["seconds"])
+        alg = common.algbw(row["bytes"], secs)
+        collective = row["column"] in MPI_ONLY + HVD_COLUMNS
+        out.append({
+            "config": config.name,
+            "launcher": config.launcher,
+            "column": row["column"],
+            "bytes": row["bytes"],
+            "iters": row["iters"],
+            "seconds": row["seconds"],
+            "seconds_median": secs,
+            "algbw_GBps": alg,
+            "busbw_GBps": common.allreduce_busbw(alg, nranks) if collective else alg,
+        })
+    return out
+
+
+def add_ratios(rows: list[dict[str, Any]], reference: str | None) -> None:
+    """Set `vs_mpi` on Horovod rows: busbw over raw MPI's at the same size.
+
+    Raw MPI comes from the same configuration (same launch) where it ran; a
+    Gloo launch has no MPI, so it is compared with the `reference` configuration.
+    """
+    mpi = {(r["config"], r["bytes"]): r["busbw_GBps"] for r in rows if r["column"] == "mpi"}
+    for row in rows:
+        if row["column"] not in HVD_COLUMNS:
+            continue
+        base = mpi.get((row["config"], row["bytes"]))
+        if base is None and reference is not None:
+            base = mpi.get((reference, row["bytes"]))
+        row["vs_mpi"] = row["busbw_GBps"] / base if base else None
+
+
+def tables(rows: Sequence[Mapping[str, Any]], nranks: int) -> str:
+    """One table per configuration: busbw per column, then Horovod over raw MPI."""
+    factor = 2 * (nranks - 1) / nranks
+    parts = [
+        f"All-reduce on {nranks} ranks. Figures are busbw in GB/s (1e9 B/s), the median of the "
+        f"repeats; busbw = algbw x 2(n-1)/n = algbw x {factor:.2f}. memcpy and alloc are one "
+        f"rank's local copy and fresh-allocation rates (algbw). hvd/mpi: Horovod's busbw over "
+        f"raw mpi4py's out-of-place Allreduce on the same buffers."
+    ]
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = [r for r in rows if r["config"] == config]
+        columns = list(dict.fromkeys(r["column"] for r in mine))
+        sizes = sorted({r["bytes"] for r in mine})
+        cell = {(r["column"], r["bytes"]): r for r in mine}
+        ratio_cols = [c for c in HVD_COLUMNS if c in columns]
+        headers = ["size"] + columns + [f"{c}/mpi" for c in ratio_cols]
+        body = []
+        for size in sizes:
+            line: list[Any] = [common.format_size(size)]
+            line += [cell[(c, size)]["busbw_GBps"] for c in columns]
+            line += [cell[(c, size)].get("vs_mpi") for c in ratio_cols]
+            body.append(line)
+        launcher = mine[0]["launcher"]
+        parts.append(f"\n[{config}] ({launcher})\n" + common.format_table(headers, body))
+    return "\n".join(parts)
+
+
+LINE_STYLES = {"mpi": {"linestyle": ":", "marker": "^"}, "hvd": {"linestyle": "-", "marker": "o"},
+               "hvd_": {"linestyle": "--", "marker": "s"}}
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: Path, nranks: int) -> Path:
+    """Bandwidth vs size (log x): a colour per configuration, a line style per column.
+
+    The right panel is Horovod's share of raw MPI, with the 80% target drawn.
+    """
+    sizes = sorted({r["bytes"] for r in rows})
+    bw: dict[str, tuple[list[float], list[float]]] = {}
+    ratio: dict[str, tuple[list[float], list[float]]] = {}
+    styles: dict[str, dict[str, Any]] = {}
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    memcpy = sorted((r for r in rows if r["column"] == "memcpy" and r["config"] == configs[-1]),
+                    key=lambda r: r["bytes"])
+    if memcpy:
+        label = f"memcpy, one rank ({configs[-1]})"
+        bw[label] = ([r["bytes"] for r in memcpy], [r["busbw_GBps"] for r in memcpy])
+        styles[label] = {"color": "black", "linestyle": "--", "marker": None}
+    for i, config in enumerate(configs):
+        mine = sorted((r for r in rows if r["config"] == config), key=lambda r: r["bytes"])
+        for col, style in LINE_STYLES.items():
+            pts = [r for r in mine if r["column"] == col]
+            if not pts:
+                continue
+            label = f"{config} {col}"
+            styles[label] = {**style, "color": f"C{i}", "markersize": 4}
+            bw[label] = ([r["bytes"] for r in pts], [r["busbw_GBps"] for r in pts])
+            if col in HVD_COLUMNS and all(r.get("vs_mpi") for r in pts):
+                ratio[label] = ([r["bytes"] for r in pts], [r["vs_mpi"] for r in pts])
+    ticks = {s: common.format_size(s).replace(" ", "") for s in sizes}
+    panels = [
+        {"series": bw, "styles": styles, "title": f"all-reduce busbw, {nranks} ranks",
+         "xlabel": "buffer size", "ylabel": "busbw (GB/s)", "logx": True, "logy": True,
+         "xticks": ticks},
+        {"series": ratio, "styles": styles, "title": "Horovod busbw / raw MPI busbw",
+         "xlabel": "buffer size", "ylabel": "ratio", "logx": True, "hline": 0.8,
+         "xticks": ticks},
+    ]
+    return common.plot_panels(path, panels)
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hpcdp bench allreduce",
+        description="All-reduce bandwidth: Horovod (MPI and Gloo controllers, default and "
+        "hpcdp settings) vs raw mpi4py vs memcpy, measured side by side.",
+    )
+    p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   help="LO..HI (x4 steps) or a comma list, e.g. 4KiB,64MiB (default %(default)s)")
+    p.add_argument("--iters", type=int, default=0,
+                   help="ops per timed block (default: about --budget bytes, 1..200)")
+    p.add_argument("--budget", default="128MiB", help="bytes per timed block when --iters is 0")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds; the median is reported")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help="built-in configurations to run, comma-separated (default %(default)s)")
+    p.add_argument("--config", action="append", default=[], metavar="NAME=LAUNCHER[:K=V,...]",
+                   help="an extra configuration, e.g. cyc5=mpi-hpcdp+HOROVOD_CYCLE_TIME=5")
+    p.add_argument("--columns", default=",".join(COLUMNS), help="columns to measure")
+    p.add_argument("--out", default="bench/results", help="folder for allreduce.json/.png")
+    p.add_argument("--name", default="allreduce", help="file stem of the outputs")
+    p.add_argument("--timeout", type=float, default=900.0, help="bound per launch, seconds")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    # Internal: how the parent starts the ranks.
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    p.add_argument("--mpi", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _configs(args: argparse.Namespace) -> list[RunConfig]:
+    builtin = builtin_configs()
+    chosen = []
+    for name in filter(None, (c.strip() for c in args.configs.split(","))):
+        if name not in builtin:
+            raise ValueError(f"unknown configuration {name!r}; built-in: {', '.join(builtin)}")
+        chosen.append(builtin[name])
+    chosen += [common.parse_config(spec, builtin) for spec in args.config]
+    names = [c.name for c in chosen]
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"configuration names must be unique and not empty: {names}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    try:
+        sizes = common.parse_sizes(args.sizes)
+        budget = common.parse_size(args.budget)
+        configs = _configs(args)
+        columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+        unknown = sorted(set(columns) - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"unknown columns {unknown}; choose from {', '.join(COLUMNS)}")
+        if args.np < 2:
+            raise ValueError("--np must be at least 2 for an all-reduce benchmark")
+        if min(args.repeats, args.warmup + 1, args.iters + 1) < 1:
+            raise ValueError("--repeats must be positive; --warmup and --iters not negative")
+        bad = [s for s in sizes if s % 4]
+        if bad:
+            raise ValueError(f"sizes must be whole float32 buffers (multiples of 4 B): {bad}")
+    except ValueError as err:
+        print(f"hpcdp bench allreduce: {err}", file=sys.stderr)
+        return 2
+
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = []
+    worker_args = [
+        "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
+        "--budget", str(budget), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+        "--columns", ",".join(columns),
+    ]
+    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
+        for config in configs:
+            print(f"[{config.name}] {config.launcher}, {args.np} ranks, "
+                  f"env {dict(config.env)}", flush=True)
+            extra = ["--mpi"] if config.uses_mpi else []
+            try:
+                raw = common.run_worker("hpcdp.bench.allreduce", config, worker_args + extra,
+                                        Path(tmp) / f"{config.name}.json", np=args.np,
+                                        timeout=args.timeout)
+            except (common.BenchError, FileNotFoundError, ValueError) as err:
+                print(f"hpcdp bench allreduce: {err}", file=sys.stderr)
+                return 1
+            rows += summarize(config, raw)
+    mpi_configs = [c.name for c in configs if c.uses_mpi and "mpi" in columns]
+    reference = "mpi-hpcdp" if "mpi-hpcdp" in mpi_configs else next(iter(mpi_configs), None)
+    add_ratios(rows, reference)
+    print(tables(rows, args.np))
+    payload = {
+        "benchmark": "allreduce",
+        "np": args.np,
+        "params": {"sizes": sizes, "iters": args.iters, "budget": budget,
+                   "repeats": args.repeats, "warmup": args.warmup, "columns": columns},
+        "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},
+        "reference_mpi_config": reference,
+        "rows": rows,
+    }
+    json_path = common.write_json(out / f"{args.name}.json", payload)
+    print(f"\nwrote {json_path}")
+    if not args.no_plot:
+        print(f"wrote {plot(rows, out / f'{args.name}.png', args.np)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""`hpcdp bench fusion`: many small asynchronous all-reduces with tensor fusion on and off.
+
+The pattern is a backward pass's: N gradients of a few KiB each are handed to
+`allreduce_async_` and then waited for. With fusion on, Horovod packs the
+tensors that are ready in one cycle into one buffer and reduces it with one
+MPI call; with HOROVOD_FUSION_THRESHOLD=0 each tensor is its own all-reduce
+and pays the per-call latency. Both runs use the same launcher and hpcdp's
+other settings; launches alternate (off, on, off, on...) so that a burst of
+load elsewhere on the machine does not land on one side only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcdp import hvd_settings
+from hpcdp.bench import common
+from hpcdp.bench.common import RunConfig
+from hpcdp.launcher import LAUNCHERS
+
+
+def builtin_configs(launcher: str) -> dict[str, RunConfig]:
+    """Fusion off vs on (hpcdp's threshold), everything else hpcdp's settings."""
+    tuned = hvd_settings.recommended_env()
+    return {
+        "fusion-off": RunConfig("fusion-off", launcher, {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"}),
+        "fusion-on": RunConfig("fusion-on", launcher, tuned),
+    }
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One rank: time rounds of N async in-place all-reduces; rank 0 writes the JSON."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    n = args.tensor_bytes // 4
+    tensors = [torch.zeros(n) for _ in range(args.tensors)]
+    seconds: list[float] = []
+    for rnd in range(args.warmup + args.repeats):
+        hvd.barrier()
+        start = time.perf_counter()
+        handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}")
+                   for i, t in enumerate(tensors)]
+        for handle in handles:
+            hvd.synchronize(handle)
+        if rnd >= args.warmup:
+            seconds.append(time.perf_counter() - start)
+    gathered = hvd.allgather_object(seconds)
+    worst = [max(s[i] for s in gathered) for i in range(args.repeats)]
+    if hvd.rank() == 0:
+        common.write_json(args.json, {"np": hvd.size(), "seconds": worst})
+    hvd.shutdown()
+    return 0
+
+
+def summarize(
+    results: Mapping[str, Sequence[float]], tensors: int, tensor_bytes: int
+) -> dict[str, dict[str, Any]]:
+    """Median round time per configuration, and the bytes per second it implies."""
+    total = tensors * tensor_bytes
+    out = {}
+    for name, seconds in results.items():
+        med = common.median(seconds)
+        out[name] = {"seconds": list(seconds), "seconds_median": med,
+                     "algbw_GBps": common.algbw(total, med)}
+    return out
+
+
+def speedup(summary: Mapping[str, Mapping[str, Any]], slow: str, fast: str) -> float | None:
+    """How many times faster `fast` is than `slow` (median round times), if both ran."""
+    if slow in summary and fast in summary:
+        return summary[slow]["seconds_median"] / summary[fast]["seconds_median"]
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hpcdp bench fusion",
+        description="Tensor fusion on vs off: N small tensors reduced asynchronously.",
+    )
+    p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--tensors", type=int, default=200, help="tensors per round (default 200)")
+    p.add_argument("--tensor-size", default="40KiB", help="bytes per tensor (default 40KiB)")
+    p.add_argument("--repeats", type=int, default=20, help="timed rounds per launch")
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
+    p.add_argument("--pairs", type=int, default=2,
+                   help="launches of each configuration, alternating (default 2)")
+    p.add_argument("--launcher", default="mpirun", choices=LAUNCHERS)
+    p.add_argument("--config", action="append", default=[], metavar="NAME=LAUNCHER[:K=V,...]",
+                   help="an extra configuration, e.g. on-cyc5=fusion-on+HOROVOD_CYCLE_TIME=5")
+    p.add_argument("--out", default="bench/results", help="folder for fusion.json/.png")
+    p.add_argument("--name", default="fusion", help="file stem of the outputs")
+    p.add_argument("--timeout", type=float, default=300.0, help="bound per launch, seconds")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    p.add_argument("--tensor-bytes", type=int, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    try:
+        tensor_bytes = common.parse_size(args.tensor_size)
+        if tensor_bytes % 4:
+            raise ValueError(f"--tensor-size {args.tensor_size} is not whole float32 elements")
+        if args.np < 2 or args.tensors < 1 or args.repeats < 1 or args.pairs < 1:
+            raise ValueError("--np must be >= 2 and --tensors, --repeats, --pairs positive")
+        if args.warmup < 0:
+            raise ValueError("--warmup must not be negative")
+        builtin = builtin_configs(args.launcher)
+        configs = list(builtin.values())
+        configs += [common.parse_config(spec, builtin) for spec in args.config]
+        names = [c.name for c in configs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"configuration names must be unique: {names}")
+    except ValueError as err:
+        print(f"hpcdp bench fusion: {err}", file=sys.stderr)
+        return 2
+
+    worker_args = ["--tensors", str(args.tensors), "--tensor-bytes", str(tensor_bytes),
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    results: dict[str, list[float]] = {c.name: [] for c in configs}
+    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
+        for pair in range(args.pairs):
+            for config in configs:
+                try:
+                    raw = common.run_worker("hpcdp.bench.fusion", config, worker_args,
+                                            Path(tmp) / f"{config.name}.{pair}.json",
+                                            np=args.np, timeout=args.timeout)
+                except (common.BenchError, FileNotFoundError, ValueError) as err:
+                    print(f"hpcdp bench fusion: {err}", file=sys.stderr)
+                    return 1
+                results[config.name] += raw["seconds"]
+    summary = summarize(results, args.tensors, tensor_bytes)
+    gain = speedup(summary, "fusion-off", "fusion-on")
+    rows = [[name, s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
+            for name, s in summary.items()]
+    print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)}, allreduce_async_ then "
+          f"synchronize, {args.np} ranks, {args.launcher}; median of the rounds")
+    print(common.format_table(["config", "ms/round", "algbw GB/s", "rounds"], rows))
+    if gain is not None:
+        print(f"fusion speedup (off / on): {gain:.2f}x")
+    out = Path(args.out)
+    payload = {
+        "benchmark": "fusion",
+        "np": args.np,
+        "params": {"tensors": args.tensors, "tensor_bytes": tensor_bytes, "launcher": args.launcher,
+                   "repeats": args.repeats, "warmup": args.warmup, "pairs": args.pairs},
+        "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},
+        "results": summary,
+        "speedup": gain,
+    }
+    print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
+    if not args.no_plot:
+        medians = {k: v["seconds_median"] * 1e3 for k, v in summary.items()}
+        points = {k: [t * 1e3 for t in v["seconds"]] for k, v in summary.items()}
+        title = f"{args.tensors} x {common.format_size(tensor_bytes)} async all-reduce"
+        if gain is not None:
+            title += f": fusion {gain:.1f}x faster"
+        png = common.plot_bars(out / f"{args.name}.png", medians, "ms per round", title, points)
+        print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
