@@ -1,0 +1,38 @@
+"""Run `hpcdp.train` where rank 1 gets a real SIGUSR1, or crashes, at a chosen step.
+
+HPCDP_TEST_SIGNAL_AT=k: rank 1 signals itself just before the k-th preemption
+check, so the ranks see the flag at different times and must agree on it.
+HPCDP_TEST_CRASH_AT=k: rank 1 raises instead, while rank 0 waits in a collective.
+The real all-reduce still runs; only the moment of the event is arranged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import horovod.torch as hvd
+
+from hpcdp import dist, train
+
+SIGNAL_AT = int(os.environ.get("HPCDP_TEST_SIGNAL_AT", "0"))
+CRASH_AT = int(os.environ.get("HPCDP_TEST_CRASH_AT", "0"))
+_real = dist.allreduce_max_int
+_calls = 0
+
+
+def _arranged(value: int, name: str) -> int:
+    global _calls
+    _calls += 1
+    if hvd.rank() == 1 and _calls == SIGNAL_AT:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    if hvd.rank() == 1 and _calls == CRASH_AT:
+        raise RuntimeError(f"arranged failure at check {_calls}")
+    return _real(value, name)
+
+
+dist.allreduce_max_int = _arranged
+
+if __name__ == "__main__":
+    sys.exit(train.main(sys.argv[1:]))
