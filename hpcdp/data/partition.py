@@ -128,16 +128,19 @@ def steps_remaining(stream_len: int, position: int, per_stream: int) -> int:
 
 
 def positions_to_runs(
-    num_samples: int, block: int, order: np.ndarray, lo: int, hi: int
+    num_samples: int, block: int, order: np.ndarray, lo: int, hi: int,
+    offsets: np.ndarray | None = None,
 ) -> list[Run]:
     """The file row ranges ``(start, stop)`` holding positions ``[lo, hi)`` of ``P``, in order.
 
     Adjacent ranges that happen to continue each other in the file are merged, so
-    the caller issues as few contiguous reads as possible.
+    the caller issues as few contiguous reads as possible. `offsets` is
+    `block_offsets(...)` for `order`, passed by callers that ask many times.
     """
     if not 0 <= lo <= hi <= num_samples:
         raise PartitionError(f"positions [{lo}, {hi}) outside 0..{num_samples}")
-    offsets = block_offsets(num_samples, block, order)
+    if offsets is None:
+        offsets = block_offsets(num_samples, block, order)
     runs: list[Run] = []
     i = int(np.searchsorted(offsets, lo, side="right")) - 1
     pos = lo
@@ -156,13 +159,14 @@ def positions_to_runs(
 
 
 def stream_runs(
-    num_samples: int, block: int, order: np.ndarray, stream_len: int, stream: int, a: int, b: int
+    num_samples: int, block: int, order: np.ndarray, stream_len: int, stream: int, a: int, b: int,
+    offsets: np.ndarray | None = None,
 ) -> list[Run]:
     """File row ranges holding positions ``[a, b)`` of stream `stream` (before window shuffle)."""
     if not 0 <= a <= b <= stream_len:
         raise PartitionError(f"stream positions [{a}, {b}) outside 0..{stream_len}")
     base = stream * stream_len
-    return positions_to_runs(num_samples, block, order, base + a, base + b)
+    return positions_to_runs(num_samples, block, order, base + a, base + b, offsets)
 
 
 def window_bounds(stream_len: int, window: int, k: int) -> Run:

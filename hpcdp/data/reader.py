@@ -27,9 +27,9 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from h5py import h5s
 
 from hpcdp.data import partition as pt
+from hpcdp.data.assemble import Assembler, Plan, Recycler
 
 #: Target bytes of one HDF5 read when the dataset is not chunked (the block size).
 CONTIGUOUS_BLOCK_BYTES = 1 << 20
@@ -156,26 +156,11 @@ def default_window(block: int, sample_bytes: int) -> int:
     return block * max(1, WINDOW_BYTES // max(1, block * sample_bytes))
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """A snapshot of what one pass over the rest of an epoch reads."""
-
-    seed: int
-    epoch: int
-    stream_len: int
-    window: int
-    per_stream: int
-    streams: range
-    position: int
-    steps: int
-
-
 class _Prefetcher:
-    """Runs `produce(step)` for each step in a thread, `depth` results ahead."""
+    """Runs an iterator in a thread, `depth` items ahead; its errors reach the consumer."""
 
-    def __init__(self, produce: Callable[[int], Any], steps: int, depth: int) -> None:
-        self._produce = produce
-        self._steps = steps
+    def __init__(self, items: Iterator[Any], depth: int) -> None:
+        self._items = items
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpcdp-reader", daemon=True)
@@ -183,10 +168,10 @@ class _Prefetcher:
 
     def _run(self) -> None:
         try:
-            for step in range(self._steps):
+            for item in self._items:
                 if self._stop.is_set():
                     return
-                self._put(("ok", self._produce(step)))
+                self._put(("ok", item))
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
             self._put(("error", exc))
 
@@ -222,134 +207,14 @@ class _Prefetcher:
 class _Sync:
     """`prefetch=0`: produce each batch in the consumer's thread."""
 
-    def __init__(self, produce: Callable[[int], Any]) -> None:
-        self._produce = produce
-        self._step = 0
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._items = items
 
     def get(self) -> Any:
-        item = self._produce(self._step)
-        self._step += 1
-        return item
+        return next(self._items)
 
     def stop(self) -> None:
         pass
-
-
-class _Labels:
-    """Labels read a whole label chunk at a time (one HDF5 call), a few chunks kept.
-
-    Labels are tiny next to samples; reading them run by run would double the
-    number of HDF5 calls for no data.
-    """
-
-    KEEP_BYTES = 4 << 20
-
-    def __init__(self, dset: h5py.Dataset) -> None:
-        self._dset = dset
-        n = int(dset.shape[0])
-        self._rows = int(dset.chunks[0]) if dset.chunks is not None else 1 << 16
-        self._rows = max(1, min(self._rows, n))
-        self._keep = max(2, self.KEEP_BYTES // (self._rows * 8))
-        self._cache: dict[int, np.ndarray] = {}
-
-    def _chunk(self, c: int) -> np.ndarray:
-        got = self._cache.pop(c, None)
-        if got is None:
-            lo = c * self._rows
-            got = np.asarray(self._dset[lo : lo + self._rows], dtype=np.int64)
-            if len(self._cache) >= self._keep:
-                self._cache.pop(next(iter(self._cache)))
-        self._cache[c] = got  # most recently used last
-        return got
-
-    def read(self, start: int, stop: int, out: np.ndarray) -> None:
-        pos = start
-        while pos < stop:
-            c = pos // self._rows
-            lo = c * self._rows
-            m = min(stop, lo + self._rows) - pos
-            out[pos - start : pos - start + m] = self._chunk(c)[pos - lo : pos - lo + m]
-            pos += m
-
-
-class _Windows:
-    """The current window of each of a rank's streams, read in contiguous row ranges.
-
-    All windows live in one buffer, so that a batch is one gather (`np.take`) from
-    it whenever no stream crosses into its next window.
-    """
-
-    def __init__(self, reader: ShardedReader, plan: _Plan) -> None:
-        self._r = reader
-        self._plan = plan
-        info = reader.info
-        self._order = pt.epoch_block_order(info.num_samples, info.block, plan.seed, plan.epoch)
-        n_streams = len(plan.streams)
-        w = plan.window
-        self._x = np.empty((n_streams * w, *info.sample_shape), info.dtype)
-        self._y = np.zeros(n_streams * w, np.int64)
-        self._k = [-1] * n_streams
-        self._gidx: list[np.ndarray] = [np.zeros(0, np.int64)] * n_streams
-        self._x_dset, y_dset = reader._datasets()
-        self._labels = _Labels(y_dset) if y_dset is not None else None
-        self._fspace = self._x_dset.id.get_space()
-        self._mspace = h5s.create_simple(self._x.shape)
-        self._zeros = (0,) * len(info.sample_shape)
-
-    def _read_rows(self, start: int, stop: int, dest: int) -> None:
-        """Rows [start, stop) of the file into buffer rows [dest, dest + stop - start)."""
-        count = (stop - start, *self._r.info.sample_shape)
-        self._fspace.select_hyperslab((start, *self._zeros), count)
-        self._mspace.select_hyperslab((dest, *self._zeros), count)
-        self._x_dset.id.read(self._mspace, self._fspace, self._x)
-
-    def _load(self, i: int, k: int) -> None:
-        plan, info = self._plan, self._r.info
-        v = plan.streams[i]
-        a, b = pt.window_bounds(plan.stream_len, plan.window, k)
-        runs = pt.stream_runs(info.num_samples, info.block, self._order, plan.stream_len, v, a, b)
-        dest = i * plan.window
-        for start, stop in runs:
-            self._read_rows(start, stop, dest)
-            if self._labels is not None:
-                self._labels.read(start, stop, self._y[dest : dest + stop - start])
-            dest += stop - start
-        perm = pt.window_permutation(plan.seed, plan.epoch, v, k, b - a)
-        self._gidx[i] = perm + i * plan.window
-        self._k[i] = k
-
-    def fill(self, q: int, out_x: np.ndarray, out_y: np.ndarray | None) -> None:
-        """Positions [q, q+u) of each of this rank's streams, window-shuffled, into out_x/out_y."""
-        u, w = self._plan.per_stream, self._plan.window
-        pending: list[np.ndarray] = []
-        flushed = 0  # out rows [0, flushed) are written; pending fills the next ones
-
-        def flush() -> None:
-            nonlocal flushed
-            if not pending:
-                return
-            src = np.concatenate(pending) if len(pending) > 1 else pending[0]
-            end = flushed + len(src)
-            # mode="clip": numpy buffers `out` for mode="raise"; indices are in range anyway.
-            np.take(self._x, src, axis=0, out=out_x[flushed:end], mode="clip")
-            if out_y is not None:
-                np.take(self._y, src, out=out_y[flushed:end], mode="clip")
-            flushed = end
-            pending.clear()
-
-        for i in range(len(self._k)):
-            done = 0
-            while done < u:
-                pos = q + done
-                k = pos // w
-                if self._k[i] != k:
-                    flush()  # the other windows stay; this stream's buffer is about to change
-                    self._load(i, k)
-                o = pos - k * w
-                m = min(u - done, len(self._gidx[i]) - o)
-                pending.append(self._gidx[i][o : o + m])
-                done += m
-        flush()
 
 
 class ShardedReader:
@@ -410,6 +275,7 @@ class ShardedReader:
         self._file: h5py.File | None = None
         self._pid: int | None = None
         self._active: _Prefetcher | _Sync | None = None
+        self._recyclers: tuple[Recycler, Recycler] | None = None
 
     # -- layout -------------------------------------------------------------------------
 
@@ -534,8 +400,10 @@ class ShardedReader:
         y = f[self.info.y_name] if self.info.y_name is not None else None
         return f[self.info.x_name], y
 
-    def _plan(self) -> _Plan:
-        return _Plan(
+    def _plan(self) -> Plan:
+        return Plan(
+            num_samples=self.info.num_samples,
+            block=self.info.block,
             seed=self.seed,
             epoch=self.epoch,
             stream_len=self._stream_len,
@@ -546,39 +414,36 @@ class ShardedReader:
             steps=len(self),
         )
 
-    def _producer(self, plan: _Plan) -> Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]:
-        windows = _Windows(self, plan)
-        has_y = self.info.y_name is not None
+    def _batches(self, plan: Plan) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The pass's batches as tensors (runs in the prefetch thread)."""
+        x, y = self._datasets()
+        if self._recyclers is None:
+            self._recyclers = (Recycler(), Recycler())
+        asm = Assembler(plan, x, y, self.info.sample_shape, self.info.dtype, self.batch_size,
+                        self._recyclers)
         pin = self.pin_memory and torch.cuda.is_available()
-        u, b = plan.per_stream, self.batch_size
-
-        def produce(step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-            out_x = np.empty((b, *self.info.sample_shape), self.info.dtype)
-            out_y = np.empty(b, np.int64) if has_y else None
-            windows.fill(plan.position + step * u, out_x, out_y)
-            x = torch.from_numpy(out_x)
-            y = torch.from_numpy(out_y) if out_y is not None else None
+        for bx, by in asm:
+            tx = torch.from_numpy(bx)
+            ty = torch.from_numpy(by) if by is not None else None
             if self.transform is not None:
-                x = self.transform(x)
+                tx = self.transform(tx)
             if pin:
-                x = x.pin_memory()
-                y = y.pin_memory() if y is not None else None
-            return x, y
-
-        return produce
+                tx = tx.pin_memory()
+                ty = ty.pin_memory() if ty is not None else None
+            yield tx, ty
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         self._stop_active()
         plan = self._plan()
-        produce = self._producer(plan)
+        items = self._batches(plan)
         source: _Prefetcher | _Sync = (
-            _Prefetcher(produce, plan.steps, self.prefetch) if self.prefetch else _Sync(produce)
+            _Prefetcher(items, self.prefetch) if self.prefetch else _Sync(items)
         )
         self._active = source
         return self._consume(source, plan)
 
     def _consume(
-        self, source: _Prefetcher | _Sync, plan: _Plan
+        self, source: _Prefetcher | _Sync, plan: Plan
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         try:
             for _ in range(plan.steps):
@@ -606,6 +471,7 @@ class ShardedReader:
                 self._file.close()
         self._file = None
         self._pid = None
+        self._recyclers = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -620,5 +486,5 @@ class ShardedReader:
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the open file or thread (for spawned worker processes)."""
         state = dict(self.__dict__)
-        state.update(_file=None, _pid=None, _active=None)
+        state.update(_file=None, _pid=None, _active=None, _recyclers=None)
         return state

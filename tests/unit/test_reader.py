@@ -201,3 +201,27 @@ def test_reader_in_another_process(data: Path, method: str) -> None:
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(read_all(r), expected)  # the parent's handle still works
     r.close()
+
+
+@pytest.mark.parametrize(("window", "prefetch"), [(3, 0), (7, 2), (40, 1), (100, 0)])
+def test_windows_not_aligned_with_steps(tmp_path: Path, window: int, prefetch: int) -> None:
+    """Per-stream batch 4 (96 / 24): windows smaller than, or not a multiple of, a step."""
+    path = make_file(tmp_path / "w.h5", 777, chunk=5)
+    ref = pt.global_order(777, 5, 2, 1, 96, 24, window)
+    with ShardedReader(path, batch_size=48, rank=1, world_size=2, seed=2,
+                       window_samples=window, prefetch=prefetch) as r:
+        r.set_epoch(1)
+        np.testing.assert_array_equal(read_all(r), ref[:, 48:])
+    # Resume at a position that is not a multiple of the new per-stream batch (4 -> 5).
+    with ShardedReader(path, batch_size=96, seed=2, window_samples=window) as r:
+        r.set_epoch(1)
+        first = read_all(r, steps=3)
+        state = r.state_dict()
+    with ShardedReader(path, batch_size=120, seed=2, window_samples=window,
+                       prefetch=prefetch) as r:
+        r.load_state_dict(state)
+        rest = read_all(r)
+    np.testing.assert_array_equal(first, ref[:3])
+    np.testing.assert_array_equal(
+        rest, pt.global_order(777, 5, 2, 1, 120, 24, window, position=12,
+                              stream_len=state["stream_length"]))

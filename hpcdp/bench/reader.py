@@ -1,0 +1,217 @@
+"""`hpcdp bench reader`: the sharded reader vs raw slab reads vs a per-sample DataLoader.
+
+One process, page cache warm, CIFAR-like uint8 samples by default. Each round
+measures, back to back on the same file:
+
+  raw       h5py slab reads of one chunk each (``dset[a:b]``), in file order:
+            the most the file can give through h5py (no shuffle, no labels).
+  reader    `ShardedReader`, one full epoch (shuffled, labels, prefetch thread).
+  baseline  the usual map-style Dataset whose ``__getitem__`` reads one sample
+            from h5py, under a DataLoader with DistributedSampler(1 replica).
+
+Ratios are taken within a round, then the median over rounds, so load from
+other work on a shared machine affects both sides of a ratio alike. The
+reader's resident memory is sampled during its epochs: with a file at least 4x
+its window it must stay flat (bounded by window + prefetch, not the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcdp.bench import common
+
+MIB = 2**20
+
+
+def _raw_pass(path: str, x_name: str) -> tuple[int, float]:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        d = f[x_name]
+        n = d.shape[0]
+        step = d.chunks[0] if d.chunks else 256
+        start = time.perf_counter()
+        for a in range(0, n, step):
+            d[a : a + step]
+        return n, time.perf_counter() - start
+
+
+def _reader_pass(path: str, batch: int, epoch: int, window: int | None,
+                 x_name: str, y_name: str) -> dict[str, Any]:
+    import psutil
+
+    from hpcdp.data.reader import ShardedReader
+
+    proc = psutil.Process()
+    rss_before = proc.memory_info().rss
+    with ShardedReader(path, batch_size=batch, seed=1, window_samples=window, x_name=x_name,
+                       y_name=y_name) as r:
+        r.set_epoch(epoch)
+        n = 0
+        rss_first = peak = 0
+        start = time.perf_counter()
+        for i, (x, _) in enumerate(r):
+            n += len(x)
+            if i == 0 or i % 16 == 0:
+                rss = proc.memory_info().rss
+                rss_first = rss_first or rss
+                peak = max(peak, rss)
+        seconds = time.perf_counter() - start
+        peak = max(peak, proc.memory_info().rss)
+        prefetch_bytes = (r.prefetch + 2) * batch * r.info.sample_bytes
+        return {"samples": n, "seconds": seconds, "window_bytes": r.window_bytes,
+                "window_samples": r.window, "virtual_shards": r.virtual_shards,
+                "prefetch_bytes": prefetch_bytes, "rss_before": rss_before,
+                "rss_first_batch": rss_first, "rss_peak": peak}
+
+
+class PerSampleDataset:
+    """The common baseline: one h5py read per sample, file opened lazily per process."""
+
+    def __init__(self, path: str, x_name: str, y_name: str) -> None:
+        import h5py
+
+        self.path, self.x_name, self.y_name = path, x_name, y_name
+        with h5py.File(path, "r") as f:
+            self.n = int(f[x_name].shape[0])
+        self._f: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import h5py
+        import torch
+
+        if self._f is None:
+            self._f = h5py.File(self.path, "r")
+        return torch.from_numpy(self._f[self.x_name][i]), int(self._f[self.y_name][i])
+
+
+def _baseline_pass(path: str, batch: int, limit: int, x_name: str,
+                   y_name: str) -> tuple[int, float]:
+    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    ds: Dataset[Any] = PerSampleDataset(path, x_name, y_name)  # type: ignore[assignment]
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=0)
+    n = 0
+    start = time.perf_counter()
+    for x, _ in loader:
+        n += len(x)
+        if n >= limit:
+            break
+    return n, time.perf_counter() - start
+
+
+def summarize(rounds: list[dict[str, Any]], dataset_bytes: int) -> dict[str, Any]:
+    """Medians over rounds of the rates and of the within-round ratios, and the verdicts."""
+    med = {k: common.median(r[k] for r in rounds) for k in ("raw", "reader", "baseline")}
+    vs_raw = common.median(r["reader"] / r["raw"] for r in rounds)
+    vs_base = common.median(r["reader"] / r["baseline"] for r in rounds)
+    growth = max(r["rss_peak"] - r["rss_first_batch"] for r in rounds)
+    window = rounds[0]["window_bytes"]
+    flat_limit = rounds[0]["prefetch_bytes"] + 16 * MIB
+    return {
+        "samples_per_s": med,
+        "reader_vs_raw": vs_raw,
+        "reader_vs_baseline": vs_base,
+        "window_bytes": window,
+        "dataset_over_window": dataset_bytes / window,
+        "rss_peak": max(r["rss_peak"] for r in rounds),
+        "rss_growth_after_first_batch": growth,
+        "rss_flat_limit": flat_limit,
+        "checks": {
+            "reader >= 50% of raw": vs_raw >= 0.5,
+            "reader >= 30x baseline": vs_base >= 30,
+            "dataset >= 4x window": dataset_bytes >= 4 * window,
+            "rss flat (growth <= prefetch + 16 MiB)": growth <= flat_limit,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hpcdp bench reader", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--file", help="an existing samples-first HDF5 file (default: make one)")
+    p.add_argument("--samples", type=int, default=50_000, help="samples in the made file")
+    p.add_argument("--shape", default="3,32,32", help="sample shape of the made file (uint8)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--window", type=int, default=None, help="window samples per stream")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--baseline-samples", type=int, default=4096,
+                   help="samples the (slow) per-sample baseline reads per round")
+    p.add_argument("--x-name", default="x")
+    p.add_argument("--y-name", default="y")
+    p.add_argument("--out", default="bench/results/reader.json")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-reader-") as tmp:
+        path = args.file
+        if path is None:
+            from hpcdp.data import prep
+
+            code = prep.main(["synthetic", "--samples", str(args.samples), "--shape", args.shape,
+                              "--out", tmp])
+            if code:
+                return code
+            path = str(Path(tmp) / "train.h5")
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            d = f[args.x_name]
+            dataset_bytes = d.size * d.dtype.itemsize
+            chunk_rows = d.chunks[0] if d.chunks else None
+        _raw_pass(path, args.x_name)  # warm the page cache
+        rounds = []
+        for i in range(args.rounds):
+            n_raw, t_raw = _raw_pass(path, args.x_name)
+            rd = _reader_pass(path, args.batch, i, args.window, args.x_name, args.y_name)
+            n_base, t_base = _baseline_pass(path, args.batch, args.baseline_samples,
+                                            args.x_name, args.y_name)
+            rounds.append({**rd, "raw": n_raw / t_raw, "reader": rd["samples"] / rd["seconds"],
+                           "baseline": n_base / t_base})
+            print(f"round {i}: raw {rounds[-1]['raw']:.0f}/s  reader "
+                  f"{rounds[-1]['reader']:.0f}/s  baseline {rounds[-1]['baseline']:.0f}/s",
+                  flush=True)
+    summary = summarize(rounds, dataset_bytes)
+    med = summary["samples_per_s"]
+    print()
+    print(common.format_table(
+        ["column", "samples/s (median)", "reader / column"],
+        [["raw slab reads", med["raw"], summary["reader_vs_raw"]],
+         ["sharded reader", med["reader"], 1.0],
+         ["per-sample DataLoader", med["baseline"], summary["reader_vs_baseline"]]]))
+    print(f"\nfile {dataset_bytes / MIB:.0f} MiB = {summary['dataset_over_window']:.1f} x the "
+          f"reader's window ({summary['window_bytes'] / MIB:.1f} MiB); peak RSS "
+          f"{summary['rss_peak'] / MIB:.0f} MiB, growth after the first batch "
+          f"{summary['rss_growth_after_first_batch'] / MIB:.1f} MiB")
+    for name, ok in summary["checks"].items():
+        print(f"  [{'ok' if ok else 'MISSED'}] {name}")
+    payload = {
+        "benchmark": "reader",
+        "config": {"file": args.file or f"synthetic {args.samples} x {args.shape} uint8",
+                   "batch": args.batch, "chunk_rows": chunk_rows, "rounds": args.rounds,
+                   "baseline_samples": args.baseline_samples,
+                   "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "rounds": rounds,
+        "summary": summary,
+    }
+    out = common.write_json(args.out, payload)
+    print(f"wrote {out}")
+    return 1 if args.check and not all(summary["checks"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

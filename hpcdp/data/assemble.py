@@ -1,0 +1,208 @@
+"""Turn one rank's streams into batches with one read pass and one scatter pass.
+
+For each window (all of a rank's streams cross window boundaries together, as
+they advance in lockstep), every stream's window is read in contiguous row
+ranges into a small staging buffer that stays in cache, and each row is copied
+once, straight to its place in a batch-major array: the window shuffle and the
+interleaving of streams happen in that single copy. Batches that lie wholly in
+the window are then views of that array (no further copy); a batch that
+straddles two windows is filled from both.
+
+This is the I/O half of the reader; which rows go where comes from
+`hpcdp.data.partition`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+from h5py import h5s
+
+from hpcdp.data import partition as pt
+
+#: Rows read per HDF5 call at most: about 1 MiB, so the staging buffer stays in cache.
+STAGING_BYTES = 1 << 20
+
+Batch = tuple[np.ndarray, np.ndarray | None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one pass over the rest of an epoch reads (a snapshot of the reader's state)."""
+
+    num_samples: int
+    block: int
+    seed: int
+    epoch: int
+    stream_len: int
+    window: int
+    per_stream: int
+    streams: range
+    position: int
+    steps: int
+
+
+class Labels:
+    """Labels read a whole label chunk at a time (one HDF5 call), a few chunks kept.
+
+    Labels are tiny next to samples; reading them run by run would double the
+    number of HDF5 calls for no data.
+    """
+
+    KEEP_BYTES = 4 << 20
+
+    def __init__(self, dset: h5py.Dataset) -> None:
+        self._dset = dset
+        n = int(dset.shape[0])
+        rows = int(dset.chunks[0]) if dset.chunks is not None else 1 << 16
+        self._rows = max(1, min(rows, n))
+        self._keep = max(2, self.KEEP_BYTES // (self._rows * 8))
+        self._cache: dict[int, np.ndarray] = {}
+
+    def _chunk(self, c: int) -> np.ndarray:
+        got = self._cache.pop(c, None)
+        if got is None:
+            lo = c * self._rows
+            got = np.asarray(self._dset[lo : lo + self._rows], dtype=np.int64)
+            if len(self._cache) >= self._keep:
+                self._cache.pop(next(iter(self._cache)))
+        self._cache[c] = got  # most recently used last
+        return got
+
+    def read(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Labels of rows [start, stop) into out[:stop - start]."""
+        pos = start
+        while pos < stop:
+            c = pos // self._rows
+            lo = c * self._rows
+            m = min(stop, lo + self._rows) - pos
+            out[pos - start : pos - start + m] = self._chunk(c)[pos - lo : pos - lo + m]
+            pos += m
+
+
+class Recycler:
+    """Arrays reused once nobody holds them (or a view of them) any more.
+
+    A fresh array per window costs page faults on every byte; an array whose only
+    references are this pool's can safely be filled again, because every tensor
+    or view handed out keeps a reference to it.
+    """
+
+    def __init__(self, keep: int = 3) -> None:
+        self._keep = keep
+        self._arrays: list[np.ndarray] = []
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        for i in range(len(self._arrays)):
+            a = self._arrays[i]
+            # References: the list and getrefcount's argument (`a` is a third).
+            if a.shape == shape and a.dtype == dtype and sys.getrefcount(a) == 3:
+                return a
+        fresh = np.empty(shape, dtype)
+        if len(self._arrays) >= self._keep:
+            self._arrays.pop(0)
+        self._arrays.append(fresh)
+        return fresh
+
+
+def _rows_view(a: np.ndarray, rows: int, row_items: int) -> np.ndarray:
+    """A 1-D view with one opaque item per sample, so that fancy copies move whole rows."""
+    flat = a.reshape(rows, row_items)
+    return flat.view(np.dtype((np.void, row_items * a.dtype.itemsize))).reshape(rows)
+
+
+class Assembler:
+    """Produces this rank's batches for a `Plan`, in order, reading each window once."""
+
+    def __init__(self, plan: Plan, x: h5py.Dataset, y: h5py.Dataset | None,
+                 sample_shape: tuple[int, ...], dtype: np.dtype, batch: int,
+                 recyclers: tuple[Recycler, Recycler]) -> None:
+        self.plan, self._x, self.shape, self.dtype, self.b = plan, x, sample_shape, dtype, batch
+        self._labels = Labels(y) if y is not None else None
+        self._recycle_x, self._recycle_y = recyclers
+        self._row_items = int(np.prod(sample_shape, dtype=np.int64))
+        self._order = pt.epoch_block_order(plan.num_samples, plan.block, plan.seed, plan.epoch)
+        self._offsets = pt.block_offsets(plan.num_samples, plan.block, self._order)
+        sample_bytes = int(np.prod(sample_shape, dtype=np.int64)) * dtype.itemsize
+        self._stage_rows = max(1, STAGING_BYTES // max(1, sample_bytes))
+        self._stage = np.empty((self._stage_rows, *sample_shape), dtype)
+        self._stage_items = _rows_view(self._stage, self._stage_rows, self._row_items)
+        self._stage_y = np.zeros(self._stage_rows, np.int64)
+        self._fspace = x.id.get_space()
+        self._mspace = h5s.create_simple(self._stage.shape)
+        self._zeros = (0,) * len(sample_shape)
+        # Batches straddling windows, by step, until complete.
+        self._partial: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def _read(self, start: int, stop: int) -> None:
+        count = (stop - start, *self.shape)
+        self._fspace.select_hyperslab((start, *self._zeros), count)
+        self._mspace.select_hyperslab((0, *self._zeros), count)
+        self._x.id.read(self._mspace, self._fspace, self._stage)
+        if self._labels is not None:
+            self._labels.read(start, stop, self._stage_y)
+
+    def __iter__(self) -> Iterator[Batch]:
+        p = self.plan
+        if p.steps <= 0:
+            return
+        u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
+        end = p.position + p.steps * u  # stream positions this pass consumes
+        prev: Batch | None = None  # the batch left incomplete by the previous window
+        for k in range(p.position // w, (end - 1) // w + 1):
+            ws, we = pt.window_bounds(p.stream_len, w, k)
+            lo, hi = max(ws, p.position), min(we, end)
+            first = (lo - p.position) // u  # steps this window touches: [first, last]
+            last = (hi - 1 - p.position) // u
+            bx = self._recycle_x.get((last - first + 1, b, *self.shape), self.dtype)
+            by = (self._recycle_y.get((last - first + 1, b), np.dtype(np.int64))
+                  if self._labels is not None else None)
+            items = _rows_view(bx, bx.shape[0] * b, self._row_items)
+            for i, v in enumerate(p.streams):
+                self._fill_stream(i, v, k, ws, we, first, items, by)
+            head = lo - (p.position + first * u)  # positions of step `first` read earlier
+            if head and prev is not None:
+                px, py = prev
+                bx[0].reshape(n, u, -1)[:, :head] = px.reshape(n, u, -1)[:, :head]
+                if by is not None and py is not None:
+                    by[0].reshape(n, u)[:, :head] = py.reshape(n, u)[:, :head]
+            done = (hi - p.position) // u  # steps complete now: [first, done)
+            for j in range(first, done):
+                yield bx[j - first], (by[j - first] if by is not None else None)
+            prev = (bx[-1], by[-1] if by is not None else None) if done <= last else None
+            bx = by = items = None  # type: ignore[assignment]  # let the recycler see them free
+
+    def _fill_stream(self, i: int, v: int, k: int, ws: int, we: int, first: int,
+                     items: np.ndarray, by: np.ndarray | None) -> None:
+        """Read stream v's window k; copy each row once, to its slot in the touched batches."""
+        p, u, b = self.plan, self.plan.per_stream, self.b
+        perm = pt.window_permutation(p.seed, p.epoch, v, k, we - ws)
+        served = np.empty_like(perm)
+        served[perm] = np.arange(len(perm))  # read row r is served at window offset served[r]
+        rel = ws + served - p.position  # stream position relative to this pass
+        slot = (rel // u - first) * b + i * u + rel % u
+        valid = (rel >= 0) & (rel < p.steps * u)  # not before a resume point, nor dropped
+        every = bool(valid.all())
+        flat_y = by.reshape(-1) if by is not None else None
+        runs = pt.stream_runs(p.num_samples, p.block, self._order, p.stream_len, v, ws, we,
+                              self._offsets)
+        r0 = 0
+        for start, stop in runs:
+            for a in range(start, stop, self._stage_rows):
+                m = min(stop, a + self._stage_rows) - a
+                self._read(a, a + m)
+                sl = slot[r0 : r0 + m]
+                if every:
+                    items[sl] = self._stage_items[:m]
+                    if flat_y is not None:
+                        flat_y[sl] = self._stage_y[:m]
+                else:
+                    ok = valid[r0 : r0 + m]
+                    items[sl[ok]] = self._stage_items[:m][ok]
+                    if flat_y is not None:
+                        flat_y[sl[ok]] = self._stage_y[:m][ok]
+                r0 += m
