@@ -71,13 +71,15 @@ def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
         "CredType=cred/munge",
         # cred_expire also sets how long a requeued job waits before it may start again
         # (default 120 s): short, so that the preemption tests stay quick.
-        f"AuthInfo=socket={root / 'munge' / 'munge.socket'},cred_expire=10",
+        f"AuthInfo=socket={root / 'munge' / 'munge.socket'},cred_expire=5",
         "MpiDefault=none",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "SchedulerType=sched/backfill",
+        # Look at pending jobs (a requeued one waiting for its begin time) every few seconds.
+        "SchedulerParameters=sched_interval=2,bf_interval=2",
         "GresTypes=gpu",
         "ReturnToService=2",
         "JobRequeue=1",

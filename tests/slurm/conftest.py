@@ -156,6 +156,12 @@ class Cluster:
         self.jobs.append(job)
         return job
 
+    def job(self, job_id: str, cwd: Path) -> Job:
+        """A job submitted some other way (e.g. `hpcdp slurm submit`)."""
+        job = Job(job_id, self, cwd)
+        self.jobs.append(job)
+        return job
+
     def job_info(self, job_id: str) -> dict[str, str]:
         done = self.run("scontrol", "show", "job", "-o", job_id)
         assert done.returncode == 0, f"scontrol show job {job_id}: {done.stderr}"
@@ -191,3 +197,13 @@ def slurm_cluster() -> Iterator[Cluster]:
         module.stop(root)
         if os.environ.get("HPCDP_KEEP_CLUSTER") != "1":
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def digits(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Path]:
+    """The digits data, written by `sbatch --ntasks=2 slurm/prep.sbatch` (parallel HDF5)."""
+    where = tmp_path_factory.mktemp("digits")
+    job = slurm_cluster.sbatch("--ntasks=2", str(PREP_SBATCH), "digits", "--out",
+                               str(where / "data"), cwd=where)
+    job.wait(timeout=120)
+    return job, where / "data"

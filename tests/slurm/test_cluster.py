@@ -31,13 +31,9 @@ def test_horovod_allreduce_across_two_nodes(slurm_cluster: Cluster, tmp_path: Pa
     assert all(r["size"] == 2 and r["local_rank"] == 0 and r["sum"] == 3.0 for r in lines)
 
 
-def test_prep_sbatch_writes_with_parallel_hdf5(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    out = tmp_path / "digits"
-    job = slurm_cluster.sbatch("--ntasks=2", str(PREP_SBATCH), "digits", "--out", str(out),
-                               cwd=tmp_path)
-    job.wait(timeout=120)
-    text = job.output()
-    assert "2 ranks" in text, job.describe()
+def test_prep_sbatch_writes_with_parallel_hdf5(digits: tuple[Any, Path]) -> None:
+    job, out = digits
+    assert "2 ranks" in job.output(), job.describe()
     with h5py.File(out / "train.h5", "r") as f, h5py.File(out / "val.h5", "r") as g:
         n_train, n_val = len(f["x"]), len(g["x"])
         assert len(f["y"]) == n_train
