@@ -201,9 +201,10 @@ def slurm_cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def digits(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Path]:
-    """The digits data, written by `sbatch --ntasks=2 slurm/prep.sbatch` (parallel HDF5)."""
+    """The digits data: `sbatch --ntasks=2 slurm/prep.sbatch datasets/digits.py --out DIR`."""
     where = tmp_path_factory.mktemp("digits")
-    job = slurm_cluster.sbatch("--ntasks=2", str(PREP_SBATCH), "digits", "--out",
+    recipe = REPO / "datasets" / "digits.py"
+    job = slurm_cluster.sbatch("--ntasks=2", str(PREP_SBATCH), str(recipe), "--out",
                                str(where / "data"), cwd=where)
     job.wait(timeout=120)
     return job, where / "data"

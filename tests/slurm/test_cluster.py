@@ -33,7 +33,7 @@ def test_horovod_allreduce_across_two_nodes(slurm_cluster: Cluster, tmp_path: Pa
 
 def test_prep_sbatch_writes_with_parallel_hdf5(digits: tuple[Any, Path]) -> None:
     job, out = digits
-    assert "2 ranks" in job.output(), job.describe()
+    assert "2 ranks" in job.output() and "datasets/digits.py" in job.output(), job.describe()
     with h5py.File(out / "train.h5", "r") as f, h5py.File(out / "val.h5", "r") as g:
         n_train, n_val = len(f["x"]), len(g["x"])
         assert len(f["y"]) == n_train
@@ -44,6 +44,7 @@ def test_prep_sbatch_bad_arguments_fail_fast(slurm_cluster: Cluster, tmp_path: P
     job = slurm_cluster.sbatch("--ntasks=2", str(PREP_SBATCH), "nosuchsource", "--out",
                                str(tmp_path / "x"), cwd=tmp_path)
     job.wait(timeout=60, states=("FAILED",))
-    assert "nosuchsource" in job.output(), job.describe()
+    assert "hpcdp prep nosuchsource" in job.output(), job.describe()  # the `hpcdp prep` form
+    assert "invalid choice: 'nosuchsource'" in job.output(), job.describe()
     assert not (tmp_path / "x").exists()
     assert job.leftover_processes() == []
