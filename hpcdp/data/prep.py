@@ -34,7 +34,7 @@ CHUNK_BYTES = 1 << 20
 #: Small datasets are cut into at least this many chunks, so block shuffling has blocks to shuffle.
 MIN_CHUNKS = 64
 #: Rows generated and written per round, in whole chunks: bounds memory for huge files.
-SLAB_BYTES = 32 << 20
+SLAB_BYTES = 8 << 20
 #: Environment variables that mean "started by an MPI launcher".
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 COMPRESSIONS = ("none", "gzip", "lzf")
