@@ -24,7 +24,7 @@ from h5py import h5s
 
 from hpcdp.data import partition as pt
 
-#: Rows read per HDF5 call at most: about 1 MiB, so the staging buffer stays in cache.
+#: Bytes read per HDF5 call at most (whole blocks, at least one), so staging stays in cache.
 STAGING_BYTES = 1 << 20
 
 Batch = tuple[np.ndarray, np.ndarray | None]
@@ -128,7 +128,10 @@ class Assembler:
         self._order = pt.epoch_block_order(plan.num_samples, plan.block, plan.seed, plan.epoch)
         self._offsets = pt.block_offsets(plan.num_samples, plan.block, self._order)
         sample_bytes = int(np.prod(sample_shape, dtype=np.int64)) * dtype.itemsize
-        self._stage_rows = max(1, STAGING_BYTES // max(1, sample_bytes))
+        # Whole blocks (the file's chunks), so no read splits a chunk in two.
+        per_block = max(1, plan.block * sample_bytes)
+        self._stage_rows = min(plan.num_samples,
+                               plan.block * max(1, STAGING_BYTES // per_block))
         self._stage = np.empty((self._stage_rows, *sample_shape), dtype)
         self._stage_items = _rows_view(self._stage, self._stage_rows, self._row_items)
         self._stage_y = np.zeros(self._stage_rows, np.int64)
