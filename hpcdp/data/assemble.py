@@ -156,15 +156,18 @@ class Assembler:
         u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
         end = p.position + p.steps * u  # stream positions this pass consumes
         prev: Batch | None = None  # the batch left incomplete by the previous window
+        rows = -(-w // u) + 1
         for k in range(p.position // w, (end - 1) // w + 1):
             ws, we = pt.window_bounds(p.stream_len, w, k)
             lo, hi = max(ws, p.position), min(we, end)
             first = (lo - p.position) // u  # steps this window touches: [first, last]
             last = (hi - 1 - p.position) // u
-            bx = self._recycle_x.get((last - first + 1, b, *self.shape), self.dtype)
-            by = (self._recycle_y.get((last - first + 1, b), np.dtype(np.int64))
+            # One shape for every window (a window touches at most ceil(w/u) + 1 steps),
+            # so that freed arrays are reused instead of reallocated.
+            bx = self._recycle_x.get((rows, b, *self.shape), self.dtype)
+            by = (self._recycle_y.get((rows, b), np.dtype(np.int64))
                   if self._labels is not None else None)
-            items = _rows_view(bx, bx.shape[0] * b, self._row_items)
+            items = _rows_view(bx, rows * b, self._row_items)
             for i, v in enumerate(p.streams):
                 self._fill_stream(i, v, k, ws, we, first, items, by)
             head = lo - (p.position + first * u)  # positions of step `first` read earlier
@@ -176,7 +179,10 @@ class Assembler:
             done = (hi - p.position) // u  # steps complete now: [first, done)
             for j in range(first, done):
                 yield bx[j - first], (by[j - first] if by is not None else None)
-            prev = (bx[-1], by[-1] if by is not None else None) if done <= last else None
+            tail = last - first  # the last touched step, incomplete when done <= last
+            # A copy: holding a view would keep this whole window's array from reuse.
+            prev = ((bx[tail].copy(), by[tail].copy() if by is not None else None)
+                    if done <= last else None)
             bx = by = items = None  # type: ignore[assignment]  # let the recycler see them free
 
     def _fill_stream(self, i: int, v: int, k: int, ws: int, we: int, first: int,
