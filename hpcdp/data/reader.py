@@ -3,9 +3,14 @@
 Each rank reads only its own streams (see `hpcdp.data.partition`), a window
 of samples at a time, in contiguous row ranges (whole chunks where possible):
 never one sample at a time and never scattered-row fancy indexing, which are
-one to two orders of magnitude slower on HDF5. Batches are assembled from the
-in-memory windows by a background thread `prefetch` batches ahead, so memory
-is bounded by (streams per rank x window + prefetch batches), not by the file.
+one to two orders of magnitude slower on HDF5. A background thread builds the
+batches (`hpcdp.data.assemble`) `prefetch` batches ahead of the consumer, so
+reading overlaps compute and memory is bounded by about two windows
+(`window_bytes` each) plus the prefetched batches, not by the file.
+
+Batches are views into the window arrays: keep a batch past the next few steps
+and the reader allocates new windows instead of reusing them (still correct,
+just more memory). Pass a `transform` or copy if you need to keep batches.
 
 The file is opened lazily in the process that reads it (and reopened after a
 fork), so a reader can be handed to forked or spawned worker processes.
@@ -315,7 +320,7 @@ class ShardedReader:
 
     @property
     def window_bytes(self) -> int:
-        """Memory this rank holds in shuffle windows (the bound, with the prefetch depth)."""
+        """Bytes of one window of this rank's streams; the reader holds about two."""
         streams = self.virtual_shards // self.world_size
         return streams * self.window * self.info.sample_bytes
 
