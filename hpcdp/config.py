@@ -323,6 +323,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("horovod.gradient_predivide_factor must be positive")
     if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:
         raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with horovod.op='adasum'")
+    if cfg.horovod.op == "adasum" and cfg.run.precision == "fp16":
+        raise ConfigError("horovod.op='adasum' cannot be combined with run.precision='fp16' "
+                          "(Adasum steps inside its hooks, where a GradScaler cannot act)")
     if cfg.schedule.kind == "step" and not cfg.schedule.milestones:
         raise ConfigError("schedule.kind='step' needs schedule.milestones (epochs)")
     if sorted(cfg.schedule.milestones) != cfg.schedule.milestones:

@@ -53,6 +53,11 @@ class StepTimes:
         self.samples += samples
         self.steps += 1
 
+    def exclude(self, seconds: float) -> float:
+        """Leave out time spent outside training steps (validation, checkpoints)."""
+        self.started += seconds
+        return seconds
+
     def summary(self) -> dict[str, float]:
         """Per-step averages in ms and throughput over the window's wall time."""
         wall = max(time.perf_counter() - self.started, 1e-9)
@@ -70,7 +75,8 @@ class Reporter:
     """Sinks for one run; all switched off unless `active` (rank 0)."""
 
     def __init__(self, run_dir: Path, active: bool, jsonl: bool, tensorboard: bool,
-                 progress: bool, total_steps: int, initial_step: int) -> None:
+                 progress: bool, total_steps: int, initial_step: int,
+                 drop_after: int | None = None) -> None:
         self.active = active
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.tb_dir = run_dir / "tensorboard"
@@ -81,6 +87,8 @@ class Reporter:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         if jsonl:
+            if drop_after is not None:
+                drop_records_after(self.jsonl_path, drop_after)
             self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -128,6 +136,21 @@ class Reporter:
             self._tb.close()
         if self._jsonl is not None:
             self._jsonl.close()
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """On resume: forget what the interrupted run logged after its checkpoint's step.
+
+    Those steps are trained again, so keeping both copies would double them in
+    every plot. Rewritten atomically (temp file, rename).
+    """
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

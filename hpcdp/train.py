@@ -71,10 +71,31 @@ def main(argv: list[str] | None = None) -> int:
     from hpcdp.dist import AgreedError
 
     try:
-        return train(cfg)
+        code = train(cfg)
     except AgreedError as e:
         print(f"hpcdp train: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        code = 2
+    exit_after_horovod(code)
+    return code  # not reached when Horovod ran
+
+
+def exit_after_horovod(code: int) -> None:
+    """Shut Horovod (and MPI) down, then leave without the interpreter's teardown.
+
+    With parallel HDF5, MPI_Finalize also terminates the HDF5 library; h5py's
+    module teardown afterwards calls into it and crashes the process at exit
+    (seen as a segfault in H5Tunregister after a successful run). Everything
+    of ours is closed and flushed by now, so skipping the teardown loses nothing.
+    """
+    import horovod.torch as hvd
+
+    if not hvd.is_initialized():
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    hvd.shutdown()
+    os._exit(code)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -270,6 +291,9 @@ def train(cfg: Config) -> int:
             try:
                 if cfg.run.precision == "fp16" and device.type != "cuda":
                     raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 here)")
+                if cfg.model.sync_bn and size > 1 and device.type != "cuda":
+                    raise ConfigError("model.sync_bn=true needs GPUs: Horovod's SyncBatchNorm "
+                                      "takes CUDA tensors only")
                 setup = local_setup(cfg, rank, size, device)
             except Exception as e:  # noqa: BLE001 - any setup failure is reported on all ranks
                 error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
@@ -338,7 +362,7 @@ def train(cfg: Config) -> int:
         if cfg.run.max_steps:
             total_steps = min(total_steps, cfg.run.max_steps)
         rep = Reporter(run_dir, root, cfg.log.jsonl, cfg.log.tensorboard, cfg.log.progress,
-                       total_steps, step)
+                       total_steps, step, drop_after=step if resumed_from else None)
         from hpcdp.models import count_parameters
 
         rep.info(
@@ -355,102 +379,54 @@ def train(cfg: Config) -> int:
 
         # --- 6: the loop.
         window = StepTimes()
-        run_samples, run_time = 0, 0.0
-        acc_loss = torch.zeros((), dtype=torch.float64, device=device)
-        acc_correct = torch.zeros((), dtype=torch.float64, device=device)
-        acc_count = 0
+        run_samples, loop_start, excluded = 0, time.perf_counter(), 0.0
+        totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
         last_val: dict[str, float] = {}
         stop_reason = None
         model.train()
         while step < total_steps and stop_reason is None:
             reader.set_epoch(epoch)  # keeps the position when a resumed state is for this epoch
-            steps_left = len(reader) // accum
             it: Iterator[Any] = iter(reader)
-            for _ in range(steps_left):
-                if step >= total_steps:
-                    break
-                t_step = time.perf_counter()
-                t_data = t_compute = 0.0
-                optimizer.zero_grad()
-                for _micro in range(accum):
-                    t0 = time.perf_counter()
-                    xb, yb = next(it)
-                    if trace is not None:
-                        trace.write(json.dumps({"epoch": epoch, "step": step,
-                                                "ids": fingerprints(xb)}) + "\n")
-                    x, y = to_input(xb, cfg, device), yb.to(device, non_blocking=True)
-                    t1 = time.perf_counter()
-                    with autocast(cfg, device):
-                        out = model(x)
-                        loss = F.cross_entropy(out.float(), y)
-                    scaled = loss / accum
-                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                    acc_loss += loss.detach().double() * len(y)
-                    acc_correct += (out.detach().argmax(1) == y).sum().double()
-                    acc_count += len(y)
-                    t_data += t1 - t0
-                    t_compute += time.perf_counter() - t1
-                t2 = time.perf_counter()
-                optimizer.synchronize()  # waits for the gradient all-reduce not yet overlapped
-                t3 = time.perf_counter()
+            for _ in range(min(len(reader) // accum, total_steps - step)):
                 lr = schedule.lr(step)
-                sched.set_lr(optimizer, lr)
-                with optimizer.skip_synchronize():
-                    if scaler is not None:
-                        scaler.step(optimizer)
-                        scaler.update()
-                    else:
-                        optimizer.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t4 = time.perf_counter()
+                t_data, t_compute, t_comm = _train_step(
+                    model, optimizer, scaler, it, lr, totals, cfg, device, adasum and size > 1,
+                    None if trace is None else (trace, epoch, step))
                 step += 1
-                samples = setup.batch * accum
-                window.add(t_data, t_compute + (t4 - t3), t3 - t2, samples)
-                run_samples += samples
-                run_time += t4 - t_step
-                rep.advance(1, loss=loss.item() if rep.active and step % 5 == 0 else 0.0)
+                window.add(t_data, t_compute, t_comm, setup.batch * accum)
+                run_samples += setup.batch * accum
+                rep.advance(1)
 
                 if step % cfg.log.every_steps == 0 or step == total_steps:
-                    tot_loss, tot_correct, tot_count = dist.allreduce_sum(
-                        [acc_loss.item(), acc_correct.item(), float(acc_count)],
-                        name="hpcdp.train_metrics")
-                    times = window.summary()
-                    times["samples_per_s"] *= size
-                    values = {"epoch": epoch, "loss": tot_loss / max(tot_count, 1.0),
-                              "acc": tot_correct / max(tot_count, 1.0), "lr": lr, **times}
-                    rep.record("train", step, values)
-                    rep.info(
-                        f"step {step}/{total_steps} epoch {epoch} loss {values['loss']:.4f} "
-                        f"acc {values['acc']:.4f} lr {lr:.4g} | {times['samples_per_s']:.0f} "
-                        f"samples/s, step {times['step_ms']:.1f} ms (data "
-                        f"{times['data_ms']:.1f}, compute {times['compute_ms']:.1f}, comm "
-                        f"{times['comm_ms']:.1f})")
-                    acc_loss.zero_()
-                    acc_correct.zero_()
-                    acc_count = 0
+                    _report_window(rep, window, totals, step, total_steps, epoch, lr, size)
                     window = StepTimes()
-
+                t0 = time.perf_counter()
                 if preempt is not None and preempt.agreed(
                         step, lambda v: dist.allreduce_max_int(v, "hpcdp.preempt")):
                     stop_reason = "preempted"
                 elif cfg.run.stop_at_step and step == cfg.run.stop_at_step:
                     stop_reason = "stopped"
+                window.comm += time.perf_counter() - t0
                 if stop_reason or step == total_steps or (
                         cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0):
+                    t0 = time.perf_counter()
                     path = _save(cfg, step, epoch, model, optimizer, scaler, reader, schedule,
                                  size, root, hvd)
                     rep.info(f"checkpoint written: {path}")
+                    excluded += window.exclude(time.perf_counter() - t0)
                 if stop_reason:
                     break
             if hasattr(it, "close"):
                 it.close()  # type: ignore[attr-defined]
             if stop_reason is None and len(reader) // accum == 0:
+                t0 = time.perf_counter()
                 last_val = evaluate(model, val_reader, cfg, device, hvd)
                 rep.record("val", step, {"epoch": epoch, **last_val})
                 rep.info(f"epoch {epoch} done at step {step}: val loss {last_val['loss']:.4f} "
                          f"acc {last_val['acc']:.4f} ({last_val['samples']} samples)")
+                excluded += window.exclude(time.perf_counter() - t0)
                 epoch += 1
+        train_seconds = time.perf_counter() - loop_start - excluded
 
         if preempt is not None:
             preempt.uninstall()
@@ -471,7 +447,9 @@ def train(cfg: Config) -> int:
         if not last_val:  # e.g. max_steps ended mid-epoch, or a finished run resumed
             last_val = evaluate(model, val_reader, cfg, device, hvd)
             rep.record("val", step, {"epoch": epoch, **last_val})
-        throughput = dist.allreduce_sum([run_samples / max(run_time, 1e-9)], "hpcdp.throughput")[0]
+        # Training wall time without validation and checkpoints, summed over the ranks.
+        throughput = dist.allreduce_sum([run_samples / max(train_seconds, 1e-9)],
+                                        "hpcdp.throughput")[0]
         summary = {
             "val_acc": last_val["acc"], "val_loss": last_val["loss"],
             "val_samples": last_val["samples"], "samples_per_s": throughput, "steps": step,
@@ -488,6 +466,74 @@ def train(cfg: Config) -> int:
         reader.close()
         val_reader.close()
         return 0
+
+
+def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterator[Any],
+                lr: float, totals: torch.Tensor, cfg: Config, device: torch.device,
+                adasum: bool, trace: tuple[Any, int, int] | None) -> tuple[float, float, float]:
+    """One optimizer step over `accum` batches; returns (data, compute, comm) seconds.
+
+    Horovod all-reduces gradients during backward; `synchronize()` waits for what
+    did not overlap (counted as communication), then the step runs without a
+    second synchronization (the pattern Horovod documents for AMP and clipping).
+    Horovod's Adasum optimizer (several ranks) instead steps inside its hooks.
+    """
+    accum = cfg.horovod.backward_passes_per_step
+    t_data = t_compute = 0.0
+    optimizer.zero_grad()
+    sched.set_lr(optimizer, lr)  # before backward: Adasum applies the local step in its hooks
+    for _ in range(accum):
+        t0 = time.perf_counter()
+        xb, yb = next(it)
+        if trace is not None:
+            f, epoch, step = trace
+            f.write(json.dumps({"epoch": epoch, "step": step, "ids": fingerprints(xb)}) + "\n")
+        x, y = to_input(xb, cfg, device), yb.to(device, non_blocking=True)
+        t1 = time.perf_counter()
+        with autocast(cfg, device):
+            out = model(x)
+            loss = F.cross_entropy(out.float(), y)
+        scaled = loss / accum
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        with torch.no_grad():
+            totals[0] += loss.double() * len(y)
+            totals[1] += (out.argmax(1) == y).sum().double()
+            totals[2] += len(y)
+        t_data += t1 - t0
+        t_compute += time.perf_counter() - t1
+    t2 = time.perf_counter()
+    if adasum:  # step() waits for the combined deltas and applies them
+        optimizer.step()
+        return t_data, t_compute, time.perf_counter() - t2
+    optimizer.synchronize()
+    t3 = time.perf_counter()
+    with optimizer.skip_synchronize():
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return t_data, t_compute + time.perf_counter() - t3, t3 - t2
+
+
+def _report_window(rep: Any, window: Any, totals: torch.Tensor, step: int, total_steps: int,
+                   epoch: int, lr: float, size: int) -> None:
+    """Collective: average loss/accuracy over ranks, then rank 0 logs and records."""
+    from hpcdp import dist
+
+    loss_sum, correct, count = dist.allreduce_sum(totals.tolist(), name="hpcdp.train_metrics")
+    totals.zero_()
+    times = window.summary()
+    times["samples_per_s"] *= size  # every rank processes the same number of samples
+    values = {"epoch": epoch, "loss": loss_sum / max(count, 1.0),
+              "acc": correct / max(count, 1.0), "lr": lr, **times}
+    rep.record("train", step, values)
+    rep.info(f"step {step}/{total_steps} epoch {epoch} loss {values['loss']:.4f} "
+             f"acc {values['acc']:.4f} lr {lr:.4g} | {times['samples_per_s']:.0f} samples/s, "
+             f"step {times['step_ms']:.1f} ms (data {times['data_ms']:.1f}, compute "
+             f"{times['compute_ms']:.1f}, comm {times['comm_ms']:.1f})")
 
 
 def _optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -106,3 +106,15 @@ def test_shipped_configs_are_valid() -> None:
     assert files
     for f in files:
         c.build(f)
+
+
+def test_print_config_through_the_hpcdp_command() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "train", "--config",
+         str(REPO / "hpcdp" / "configs" / "digits.toml"), "--print-config", "optim.lr=0.5"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "lr = 0.5" in done.stdout and 'name = "digits_cnn"' in done.stdout
