@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -87,13 +87,15 @@ class Job:
         assert state in states, f"expected {'/'.join(states)}\n{self.describe()}"
         return info
 
-    def wait_for(self, what: str, predicate, timeout: float) -> None:  # noqa: ANN001
-        """Wait (bounded) until `predicate()` holds while the job runs."""
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> None:
+        """Wait (bounded) until `predicate()` holds; fail if the job ends without it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():
                 return
             if self.info().get("JobState") in TERMINAL:
+                if predicate():
+                    return
                 pytest.fail(f"job {self.id} ended before {what}\n{self.describe()}")
             time.sleep(0.2)
         pytest.fail(f"no {what} within {timeout:.0f}s\n{self.describe()}")

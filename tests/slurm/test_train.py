@@ -137,6 +137,7 @@ def test_submit_one_node_two_gpus(slurm_cluster: Cluster, data: Path, tmp_path: 
 def test_preempted_job_checkpoints_requeues_and_resumes_bitwise(
     slurm_cluster: Cluster, data: Path, reference: tuple[Job, Path], tmp_path: Path,
 ) -> None:
+    """`scancel --signal=USR1` reaches the ranks as `--signal=USR1@lead` would (not B:)."""
     run = tmp_path / "run"
     job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, data),
                                cwd=tmp_path)
@@ -165,6 +166,9 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise(
     differ = [k for k in state if not torch.equal(state[k], ref_state[k])]
     assert not differ, f"parameters differ from the uninterrupted run: {differ}"
     assert job.leftover_processes() == []
+    # Every rank of the interrupted run exited cleanly, also after the requeue's TERM.
+    first_run = text[text.index("(restart 0)"):text.index("(restart 1)")]
+    assert "ranks finished with exit status 0" in first_run, job.describe()
 
 
 def test_broken_config_fails_fast(slurm_cluster: Cluster, data: Path, tmp_path: Path) -> None:
@@ -186,3 +190,32 @@ def test_more_ranks_than_gpus_is_refused(slurm_cluster: Cluster, tmp_path: Path)
     job.wait(timeout=60, states=("FAILED",))
     assert "one rank per GPU, but --ntasks-per-node=1 differs from the 2 GPUs" in job.output()
     assert "hpcdp-rank" not in job.output()
+
+
+def test_cancelled_job_checkpoints_and_stays_cancelled(slurm_cluster: Cluster, data: Path,
+                                                       tmp_path: Path) -> None:
+    """`scancel JOB`: TERM to the batch shell, srun and the ranks at once (as at a time limit).
+
+    The ranks get KillWait seconds; the batch shell must not end the job before rank 0's
+    checkpoint is written. Unlike a time limit or preemption, a job its user cancelled
+    must not requeue itself (its state then reads CANCELLED, not TIMEOUT or PREEMPTED).
+    """
+    run = tmp_path / "run"
+    job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, data),
+                               cwd=tmp_path)
+    job.wait_for("training progress (step >= 10 in metrics.jsonl)",
+                 lambda: any(s >= 10 for s in metrics_steps(run)), timeout=180)
+    cancelled = slurm_cluster.run("scancel", job.id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    # The sbatch side: the batch shell outlives the ranks, which checkpoint in time.
+    job.wait_for("the end of the ranks", lambda: "ranks finished" in job.output(), timeout=120)
+    text = job.output()
+    m = re.search(r"preempted at step (\d+): checkpoint written to (\S+)", text)
+    assert m, f"no checkpoint reported after the TERM\n{job.describe()}"
+    assert 10 <= int(m[1]) < STEPS
+    path = Path(m[2].rstrip(","))
+    assert ckpt.decode(ckpt.read_verified(path), str(path))["step"] == int(m[1])
+    # The training side: a cancelled job stays cancelled.
+    info = job.wait(timeout=60, states=("CANCELLED",))
+    assert info["Restarts"] == "0", f"the cancelled job requeued itself\n{job.describe()}"
+    assert job.leftover_processes() == []
