@@ -23,6 +23,7 @@ import numpy as np
 from h5py import h5s
 
 from hpcdp.data import partition as pt
+from hpcdp.data.prefetch import Inline, Prefetcher
 
 #: Bytes read per HDF5 call at most (whole blocks, at least one), so staging stays in cache.
 STAGING_BYTES = 1 << 20
@@ -116,48 +117,90 @@ def _rows_view(a: np.ndarray, rows: int, row_items: int) -> np.ndarray:
 
 
 class Assembler:
-    """Produces this rank's batches for a `Plan`, in order, reading each window once."""
+    """Produces this rank's batches for a `Plan`, in order, reading each window once.
+
+    With `read_ahead`, the HDF5 reads run in a thread of their own, a few staging
+    buffers ahead of the copying (both release the GIL), so the two overlap.
+    """
+
+    READ_AHEAD = 2
 
     def __init__(self, plan: Plan, x: h5py.Dataset, y: h5py.Dataset | None,
                  sample_shape: tuple[int, ...], dtype: np.dtype, batch: int,
-                 recyclers: tuple[Recycler, Recycler]) -> None:
+                 recyclers: tuple[Recycler, Recycler], read_ahead: bool = True) -> None:
         self.plan, self._x, self.shape, self.dtype, self.b = plan, x, sample_shape, dtype, batch
         self._labels = Labels(y) if y is not None else None
         self._recycle_x, self._recycle_y = recyclers
+        self._read_ahead = read_ahead
         self._row_items = int(np.prod(sample_shape, dtype=np.int64))
         self._order = pt.epoch_block_order(plan.num_samples, plan.block, plan.seed, plan.epoch)
         self._offsets = pt.block_offsets(plan.num_samples, plan.block, self._order)
-        sample_bytes = int(np.prod(sample_shape, dtype=np.int64)) * dtype.itemsize
+        sample_bytes = self._row_items * dtype.itemsize
         # Whole blocks (the file's chunks), so no read splits a chunk in two.
         per_block = max(1, plan.block * sample_bytes)
         self._stage_rows = min(plan.num_samples,
                                plan.block * max(1, STAGING_BYTES // per_block))
-        self._stage = np.empty((self._stage_rows, *sample_shape), dtype)
-        self._stage_items = _rows_view(self._stage, self._stage_rows, self._row_items)
-        self._stage_y = np.zeros(self._stage_rows, np.int64)
-        self._fspace = x.id.get_space()
-        self._mspace = h5s.create_simple(self._stage.shape)
-        self._zeros = (0,) * len(sample_shape)
-        # Batches straddling windows, by step, until complete.
-        self._partial: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
-    def _read(self, start: int, stop: int) -> None:
-        count = (stop - start, *self.shape)
-        self._fspace.select_hyperslab((start, *self._zeros), count)
-        self._mspace.select_hyperslab((0, *self._zeros), count)
-        self._x.id.read(self._mspace, self._fspace, self._stage)
-        if self._labels is not None:
-            self._labels.read(start, stop, self._stage_y)
+    def _windows(self) -> range:
+        p = self.plan
+        end = p.position + p.steps * p.per_stream
+        return range(p.position // p.window, (end - 1) // p.window + 1)
+
+    def _pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+        """Every window's rows, stream by stream, in contiguous pieces of whole blocks.
+
+        Yields (samples, sample rows as opaque items, labels, rows) in rotating
+        staging buffers: enough of them that the consumer is done with a buffer
+        before it is filled again (the read-ahead queue depth + 2).
+        """
+        p = self.plan
+        stage_shape = (self._stage_rows, *self.shape)
+        buffers = []
+        for _ in range(self.READ_AHEAD + 2):
+            sx = np.empty(stage_shape, self.dtype)
+            buffers.append((sx, _rows_view(sx, self._stage_rows, self._row_items),
+                            np.zeros(self._stage_rows, np.int64)))
+        fspace = self._x.id.get_space()
+        mspace = h5s.create_simple(stage_shape)
+        zeros = (0,) * len(self.shape)
+        n = 0
+        for k in self._windows():
+            ws, we = pt.window_bounds(p.stream_len, p.window, k)
+            for v in p.streams:
+                for start, stop in pt.stream_runs(p.num_samples, p.block, self._order,
+                                                  p.stream_len, v, ws, we, self._offsets):
+                    for a in range(start, stop, self._stage_rows):
+                        m = min(stop, a + self._stage_rows) - a
+                        sx, items, sy = buffers[n % len(buffers)]
+                        count = (m, *self.shape)
+                        fspace.select_hyperslab((a, *zeros), count)
+                        mspace.select_hyperslab((0, *zeros), count)
+                        self._x.id.read(mspace, fspace, sx)
+                        if self._labels is not None:
+                            self._labels.read(a, a + m, sy)
+                        n += 1
+                        yield sx, items, sy, m
 
     def __iter__(self) -> Iterator[Batch]:
         p = self.plan
         if p.steps <= 0:
             return
+        source: Prefetcher | Inline = (
+            Prefetcher(self._pieces(), self.READ_AHEAD, name="hpcdp-reader-io")
+            if self._read_ahead else Inline(self._pieces())
+        )
+        try:
+            yield from self._batches(source)
+        finally:
+            source.stop()
+
+    def _batches(self, source: Prefetcher | Inline) -> Iterator[Batch]:
+        p = self.plan
         u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
         end = p.position + p.steps * u  # stream positions this pass consumes
         prev: Batch | None = None  # the batch left incomplete by the previous window
         rows = -(-w // u) + 1
-        for k in range(p.position // w, (end - 1) // w + 1):
+        for k in self._windows():
             ws, we = pt.window_bounds(p.stream_len, w, k)
             lo, hi = max(ws, p.position), min(we, end)
             first = (lo - p.position) // u  # steps this window touches: [first, last]
@@ -169,7 +212,7 @@ class Assembler:
                   if self._labels is not None else None)
             items = _rows_view(bx, rows * b, self._row_items)
             for i, v in enumerate(p.streams):
-                self._fill_stream(i, v, k, ws, we, first, items, by)
+                self._fill_stream(source, i, v, k, ws, we, first, items, by)
             head = lo - (p.position + first * u)  # positions of step `first` read earlier
             if head and prev is not None:
                 px, py = prev
@@ -185,9 +228,9 @@ class Assembler:
                     if done <= last else None)
             bx = by = items = None  # type: ignore[assignment]  # let the recycler see them free
 
-    def _fill_stream(self, i: int, v: int, k: int, ws: int, we: int, first: int,
-                     items: np.ndarray, by: np.ndarray | None) -> None:
-        """Read stream v's window k; copy each row once, to its slot in the touched batches."""
+    def _fill_stream(self, source: Prefetcher | Inline, i: int, v: int, k: int, ws: int,
+                     we: int, first: int, items: np.ndarray, by: np.ndarray | None) -> None:
+        """Copy stream v's window k, piece by piece, each row once to its batch slot."""
         p, u, b = self.plan, self.plan.per_stream, self.b
         perm = pt.window_permutation(p.seed, p.epoch, v, k, we - ws)
         served = np.empty_like(perm)
@@ -197,21 +240,17 @@ class Assembler:
         valid = (rel >= 0) & (rel < p.steps * u)  # not before a resume point, nor dropped
         every = bool(valid.all())
         flat_y = by.reshape(-1) if by is not None else None
-        runs = pt.stream_runs(p.num_samples, p.block, self._order, p.stream_len, v, ws, we,
-                              self._offsets)
         r0 = 0
-        for start, stop in runs:
-            for a in range(start, stop, self._stage_rows):
-                m = min(stop, a + self._stage_rows) - a
-                self._read(a, a + m)
-                sl = slot[r0 : r0 + m]
-                if every:
-                    items[sl] = self._stage_items[:m]
-                    if flat_y is not None:
-                        flat_y[sl] = self._stage_y[:m]
-                else:
-                    ok = valid[r0 : r0 + m]
-                    items[sl[ok]] = self._stage_items[:m][ok]
-                    if flat_y is not None:
-                        flat_y[sl[ok]] = self._stage_y[:m][ok]
-                r0 += m
+        while r0 < we - ws:
+            _, stage_items, stage_y, m = source.get()
+            sl = slot[r0 : r0 + m]
+            if every:
+                items[sl] = stage_items[:m]
+                if flat_y is not None:
+                    flat_y[sl] = stage_y[:m]
+            else:
+                ok = valid[r0 : r0 + m]
+                items[sl[ok]] = stage_items[:m][ok]
+                if flat_y is not None:
+                    flat_y[sl[ok]] = stage_y[:m][ok]
+            r0 += m

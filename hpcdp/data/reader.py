@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +33,7 @@ import torch
 
 from hpcdp.data import partition as pt
 from hpcdp.data.assemble import Assembler, Plan, Recycler
+from hpcdp.data.prefetch import Inline, Prefetcher
 
 #: Target bytes of one HDF5 read when the dataset is not chunked (the block size).
 CONTIGUOUS_BLOCK_BYTES = 1 << 20
@@ -161,67 +160,6 @@ def default_window(block: int, sample_bytes: int) -> int:
     return block * max(1, WINDOW_BYTES // max(1, block * sample_bytes))
 
 
-class _Prefetcher:
-    """Runs an iterator in a thread, `depth` items ahead; its errors reach the consumer."""
-
-    def __init__(self, items: Iterator[Any], depth: int) -> None:
-        self._items = items
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hpcdp-reader", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for item in self._items:
-                if self._stop.is_set():
-                    return
-                self._put(("ok", item))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
-            self._put(("error", exc))
-
-    def _put(self, item: tuple[str, Any]) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def get(self) -> Any:
-        while True:
-            try:
-                kind, value = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                if self._stop.is_set() or not self._thread.is_alive():
-                    raise ReaderError("the reader's prefetch thread stopped early") from None
-                continue
-            if kind == "error":
-                raise value
-            return value
-
-    def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self._queue.get_nowait()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-
-class _Sync:
-    """`prefetch=0`: produce each batch in the consumer's thread."""
-
-    def __init__(self, items: Iterator[Any]) -> None:
-        self._items = items
-
-    def get(self) -> Any:
-        return next(self._items)
-
-    def stop(self) -> None:
-        pass
-
-
 class ShardedReader:
     """This rank's share of a samples-first HDF5 file, as shuffled, equal, resumable batches.
 
@@ -279,7 +217,7 @@ class ShardedReader:
         self._resumed_epoch: int | None = None
         self._file: h5py.File | None = None
         self._pid: int | None = None
-        self._active: _Prefetcher | _Sync | None = None
+        self._active: Prefetcher | Inline | None = None
         self._recyclers: tuple[Recycler, Recycler] | None = None
 
     # -- layout -------------------------------------------------------------------------
@@ -425,7 +363,7 @@ class ShardedReader:
         if self._recyclers is None:
             self._recyclers = (Recycler(), Recycler())
         asm = Assembler(plan, x, y, self.info.sample_shape, self.info.dtype, self.batch_size,
-                        self._recyclers)
+                        self._recyclers, read_ahead=self.prefetch > 0)
         pin = self.pin_memory and torch.cuda.is_available()
         for bx, by in asm:
             tx = torch.from_numpy(bx)
@@ -441,14 +379,14 @@ class ShardedReader:
         self._stop_active()
         plan = self._plan()
         items = self._batches(plan)
-        source: _Prefetcher | _Sync = (
-            _Prefetcher(items, self.prefetch) if self.prefetch else _Sync(items)
+        source: Prefetcher | Inline = (
+            Prefetcher(items, self.prefetch) if self.prefetch else Inline(items)
         )
         self._active = source
         return self._consume(source, plan)
 
     def _consume(
-        self, source: _Prefetcher | _Sync, plan: Plan
+        self, source: Prefetcher | Inline, plan: Plan
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         try:
             for _ in range(plan.steps):

@@ -175,7 +175,7 @@ def test_thread_errors_reach_the_consumer_and_threads_stop(data: Path) -> None:
     with ShardedReader(data, batch_size=24, prefetch=4) as r:
         for _ in zip(range(3), r):
             pass
-    alive = [t for t in threading.enumerate() if t.name == "hpcdp-reader"]
+    alive = [t for t in threading.enumerate() if t.name.startswith("hpcdp-reader")]
     for t in alive:
         t.join(timeout=5)
     assert not any(t.is_alive() for t in alive)
