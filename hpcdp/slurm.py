@@ -132,7 +132,9 @@ python="${HPCDP_PYTHON:-python3}"
 
 # Layout: one rank per GPU when the job has GPUs, else the job's tasks.
 nodes="${SLURM_JOB_NUM_NODES:-1}"
-gpus="${SLURM_GPUS_ON_NODE:-0}"
+# SLURM_GPUS_ON_NODE (Slurm >= 20.11), else --gpus-per-node's value ("4" or "a100:4").
+gpus="${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE##*:}}"
+gpus="${gpus:-0}"
 cpus_on_node="${SLURM_CPUS_ON_NODE:-1}"
 if (( gpus > 0 )); then
   if [[ -n "${SLURM_NTASKS_PER_NODE:-}" && "$SLURM_NTASKS_PER_NODE" != "$gpus" ]]; then

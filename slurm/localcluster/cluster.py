@@ -17,6 +17,7 @@ MUNGE and Slurm check ownership) and Slurm + MUNGE installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -260,25 +261,24 @@ def stop(root: str | os.PathLike[str], timeout: float = 30.0) -> list[str]:
     pid_files = _pid_files(root)
     if _read_pid(pid_files["slurmctld"]) is not None:
         _cancel_jobs(root, timeout)
-    stopped = []
-    # slurmd first, so that no node reports to a controller that is gone; munged last.
-    order = [f"slurmd-{n}" for n in NODES] + ["slurmctld", "munged"]
-    for name in order:
-        pid = _read_pid(pid_files[name])
-        if pid is None or not _pid_alive(pid):
-            continue
+    stopped: list[str] = []
+    # The slurmd daemons first (together), so that no node reports to a controller
+    # that is gone; then slurmctld and munged, which the others needed until then.
+    for group in ([f"slurmd-{n}" for n in NODES], ["slurmctld", "munged"]):
+        pids = {name: _read_pid(pid_files[name]) for name in group}
+        live = {name: pid for name, pid in pids.items() if pid is not None and _pid_alive(pid)}
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
+            for pid in live.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
             deadline = time.monotonic() + wait
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while any(_pid_alive(p) for p in live.values()) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if not _pid_alive(pid):
+            if not any(_pid_alive(p) for p in live.values()):
                 break
-        stopped.append(f"{name} (pid {pid})")
-        pid_files[name].unlink(missing_ok=True)
+        for name, pid in live.items():
+            stopped.append(f"{name} (pid {pid})")
+            pid_files[name].unlink(missing_ok=True)
     return stopped
 
 
