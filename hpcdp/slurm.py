@@ -24,8 +24,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# Signals hpcdp.preempt turns into checkpoint-and-requeue.
-SIGNALS = ("USR1", "USR2", "TERM")
+# Signals hpcdp.preempt turns into checkpoint-and-requeue (its default preempt.signals).
+SIGNALS = ("USR1", "TERM")
 # Slurm stores the signal lead time in 16 bits.
 MAX_SIGNAL_LEAD = 65535
 # sbatch options render() manages itself; extra options may not repeat them.
@@ -361,6 +361,29 @@ def submit(script: str, sbatch: str = "sbatch", args: Sequence[str] = (),
 # ---- command line, derived from render()'s signature ---------------------------------
 
 
+# One line of --help per render() option.
+HELP = {
+    "nodes": "number of nodes",
+    "gpus_per_node": "GPUs per node, one rank each (0: CPU-only)",
+    "ntasks_per_node": "ranks per node (CPU-only; with GPUs it must equal --gpus-per-node)",
+    "cpus_per_task": "CPUs (and threads) per rank",
+    "time": "time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+    "partition": "partition", "account": "account to charge", "qos": "quality of service",
+    "constraint": "node features, e.g. a100",
+    "exclusive": "whole nodes",
+    "job_name": "job name (%x in --output)",
+    "output": "log file, appended across requeues",
+    "signal": f"signal sent to the ranks before the time limit: {', '.join(SIGNALS)}",
+    "signal_lead": "seconds before the time limit to send it",
+    "sbatch_options": "another sbatch option, e.g. --sbatch-options=--mem=0",
+    "modules": "module to load",
+    "setup": "shell line run before training (e.g. export X=1)",
+    "env": "variable to export",
+    "venv": "virtual environment to activate",
+    "config": "training config file (TOML)",
+}
+
+
 def _add_option(parser: argparse.ArgumentParser, name: str, param: inspect.Parameter,
                 hint: object) -> None:
     """One command-line option for one render() parameter, typed by its annotation."""
@@ -369,20 +392,23 @@ def _add_option(parser: argparse.ArgumentParser, name: str, param: inspect.Param
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     members = set(typing.get_args(hint)) if union else {hint}
     origins = {typing.get_origin(m) for m in members}
+    help_ = HELP.get(name, name).replace("%", "%%")  # argparse %-formats help strings
+    shown = f"{help_} (default: {str(default).replace('%', '%%')})"
     if name == "overrides":
         parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                             help="training config overrides")
     elif hint is bool:
-        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                            help=help_)
     elif Mapping in origins:
         parser.add_argument(flag, action="append", metavar="NAME=VALUE", default=None,
-                            help="repeatable")
+                            help=f"{help_} (repeatable)")
     elif Sequence in origins:
-        parser.add_argument(flag, action="append", default=None, help="repeatable")
+        parser.add_argument(flag, action="append", default=None, help=f"{help_} (repeatable)")
     elif int in members:
-        parser.add_argument(flag, type=int, default=default, help=f"default: {default}")
+        parser.add_argument(flag, type=int, default=default, help=shown)
     else:
-        parser.add_argument(flag, type=str, default=default, help=f"default: {default}")
+        parser.add_argument(flag, type=str, default=default, help=shown)
 
 
 def _parser() -> argparse.ArgumentParser:

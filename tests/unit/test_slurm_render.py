@@ -202,6 +202,18 @@ def test_cli_refuses_unknown_and_invalid(capsys: pytest.CaptureFixture[str]) -> 
     assert "nodes must be at least 1" in capsys.readouterr().err
 
 
+def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    for action in ("render", "submit"):
+        with pytest.raises(SystemExit) as err:
+            slurm.main([action, "--help"])
+        assert err.value.code == 0
+        text = capsys.readouterr().out
+        for name in slurm.option_names():
+            if name != "overrides":
+                assert "--" + name.replace("_", "-") in text, name
+        assert "%x-%j.out" in text
+
+
 def test_cli_writes_out_file(tmp_path: Path) -> None:
     out = tmp_path / "job.sbatch"
     assert slurm.main(["render", "--nodes", "2", "--out", str(out)]) == 0
