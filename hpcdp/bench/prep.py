@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp.bench import common
+from hpcdp.bench.reader import result_path
 from hpcdp.launcher import run_ranks
 
 MIB = 2**20
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="3,32,32")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="bound on each launch, seconds")
-    p.add_argument("--out", default="bench/results/prep.json")
+    p.add_argument("--out", default="bench/results/prep.json",
+                   help="JSON file, or a folder to write prep.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when 2 ranks are slower")
     args = p.parse_args(argv)
     rounds: list[dict[str, Any]] = []
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                "config": {"samples": args.samples, "shape": args.shape, "rounds": args.rounds,
                           "bytes": nbytes, "launcher": "mpirun"},
                "rounds": rounds, "summary": summary}
-    print(f"wrote {common.write_json(args.out, payload)}")
+    print(f"wrote {common.write_json(result_path(args.out, 'prep'), payload)}")
     return 1 if args.check and not all(summary["checks"].values()) else 0
 
 

@@ -32,6 +32,12 @@ from hpcdp.bench import common
 MIB = 2**20
 
 
+def result_path(out: str, name: str) -> Path:
+    """`--out` names the JSON file, or a folder (as `hpcdp bench all --out DIR`) for NAME.json."""
+    path = Path(out)
+    return path if path.suffix == ".json" else path / f"{name}.json"
+
+
 def _raw_pass(path: str, x_name: str) -> tuple[int, float]:
     import h5py
 
@@ -159,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="samples the (slow) per-sample baseline reads per round")
     p.add_argument("--x-name", default="x")
     p.add_argument("--y-name", default="y")
-    p.add_argument("--out", default="bench/results/reader.json")
+    p.add_argument("--out", default="bench/results/reader.json",
+                   help="JSON file, or a folder to write reader.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
 
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "summary": summary,
     }
-    out = common.write_json(args.out, payload)
+    out = common.write_json(result_path(args.out, "reader"), payload)
     print(f"wrote {out}")
     return 1 if args.check and not all(summary["checks"].values()) else 0
 

@@ -1,0 +1,43 @@
+"""The pure parts of `hpcdp bench reader` and `hpcdp bench prep`: verdicts and paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcdp.bench import prep as bprep
+from hpcdp.bench import reader as breader
+
+MIB = 2**20
+
+
+def _round(raw: float, reader: float, base: float, growth: int = 0) -> dict[str, float]:
+    return {"raw": raw, "reader": reader, "baseline": base, "window_bytes": 24 * MIB,
+            "prefetch_bytes": 3 * MIB, "rss_before": 100 * MIB,
+            "rss_first_half": 150 * MIB, "rss_peak": 150 * MIB + growth}
+
+
+def test_reader_verdicts_use_within_round_ratios() -> None:
+    rounds = [_round(100.0, 60.0, 1.0), _round(200.0, 90.0, 2.0), _round(100.0, 55.0, 1.0)]
+    s = breader.summarize(rounds, dataset_bytes=146 * MIB)
+    assert s["reader_vs_raw"] == pytest.approx(0.55)
+    assert s["reader_vs_baseline"] == pytest.approx(55.0)
+    assert all(s["checks"].values())
+    grown = breader.summarize([_round(100.0, 60.0, 1.0, growth=64 * MIB)], 146 * MIB)
+    assert not grown["checks"]["rss flat after the first half (growth <= 8 MiB)"]
+    small = breader.summarize([_round(100.0, 40.0, 1.0)], 50 * MIB)
+    assert not small["checks"]["reader >= 50% of raw"]
+    assert not small["checks"]["dataset >= 4x window"]
+
+
+def test_prep_verdict_and_result_paths() -> None:
+    rounds = [{"ranks": 1, "seconds": 2.0, "wall_seconds": 3.0},
+              {"ranks": 2, "seconds": 1.2, "wall_seconds": 2.5},
+              {"ranks": 1, "seconds": 2.2, "wall_seconds": 3.1},
+              {"ranks": 2, "seconds": 2.6, "wall_seconds": 3.5}]
+    s = bprep.summarize(rounds)
+    assert s["speedup_2_over_1"] == pytest.approx(2.1 / 1.9)
+    assert s["checks"]["2 ranks not slower than 1"]
+    assert breader.result_path("bench/results", "reader") == Path("bench/results/reader.json")
+    assert breader.result_path("x/r.json", "reader") == Path("x/r.json")
