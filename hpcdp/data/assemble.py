@@ -96,12 +96,20 @@ class Recycler:
     def __init__(self, keep: int = 3) -> None:
         self._keep = keep
         self._arrays: list[np.ndarray] = []
+        # The count an array shows here when only this pool holds it (the list, the
+        # local name, getrefcount's argument), measured rather than assumed.
+        probe = [np.empty(1)]
+        a = probe[0]
+        self._free = sys.getrefcount(a)
+        view = a[:]
+        if sys.getrefcount(a) <= self._free:  # pragma: no cover - views must count
+            self._free = -1  # never reuse: this interpreter does not show view references
+        del view
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         for i in range(len(self._arrays)):
             a = self._arrays[i]
-            # References: the list and getrefcount's argument (`a` is a third).
-            if a.shape == shape and a.dtype == dtype and sys.getrefcount(a) == 3:
+            if a.shape == shape and a.dtype == dtype and sys.getrefcount(a) == self._free:
                 return a
         fresh = np.empty(shape, dtype)
         if len(self._arrays) >= self._keep:

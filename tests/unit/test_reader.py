@@ -164,6 +164,17 @@ def test_bad_state_is_refused(data: Path, tmp_path: Path) -> None:
             r.load_state_dict({k: v for k, v in state.items() if k != "position"})
 
 
+def test_batches_kept_by_the_consumer_are_never_overwritten(data: Path) -> None:
+    """Batches are views into reused window arrays: one still held must not be refilled."""
+    with ShardedReader(data, batch_size=24, window_samples=8, prefetch=2) as r:
+        kept = [(x, y, x.clone(), y.clone()) for x, y in r]
+        r.set_epoch(1)
+        again = [(x.clone(), y.clone()) for x, y in r]
+    for x, y, x0, y0 in kept:
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+    assert not all(torch.equal(a[1], b[3]) for a, b in zip(again, kept))
+
+
 def test_thread_errors_reach_the_consumer_and_threads_stop(data: Path) -> None:
     def boom(x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("transform failed")
@@ -185,7 +196,7 @@ def _child_labels(reader: ShardedReader, q: mp.Queue) -> None:  # type: ignore[t
     q.put(read_all(reader))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_reader_in_another_process(data: Path, method: str) -> None:
     r = ShardedReader(data, batch_size=24, seed=3)
     expected = read_all(r)  # the parent has the file open
@@ -225,3 +236,21 @@ def test_windows_not_aligned_with_steps(tmp_path: Path, window: int, prefetch: i
     np.testing.assert_array_equal(
         rest, pt.global_order(777, 5, 2, 1, 120, 24, window, position=12,
                               stream_len=state["stream_length"]))
+
+
+def test_recycler_reuses_only_released_arrays() -> None:
+    from hpcdp.data.assemble import Recycler
+
+    pool = Recycler()
+    shape, dtype = (4, 3), np.dtype(np.uint8)
+    a = pool.get(shape, dtype)
+    a_id = id(a)
+    held = torch.from_numpy(a[1:])  # a consumer keeps a view of it
+    del a
+    b = pool.get(shape, dtype)
+    assert id(b) != a_id  # still held: a new array
+    b_id = id(b)
+    del b
+    assert id(pool.get(shape, dtype)) == b_id  # released: reused
+    del held
+    assert id(pool.get(shape, dtype)) in (a_id, b_id)
