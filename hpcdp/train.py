@@ -84,8 +84,12 @@ def exit_after_horovod(code: int) -> None:
 
     With parallel HDF5, MPI_Finalize also terminates the HDF5 library; h5py's
     module teardown afterwards calls into it and crashes the process at exit
-    (seen as a segfault in H5Tunregister after a successful run). Everything
-    of ours is closed and flushed by now, so skipping the teardown loses nothing.
+    (seen as a segfault in H5Tunregister after a successful run). Closing the
+    readers' files (explicitly or from a reader's __del__) crashed too, now and
+    then, inside h5py's File.close (H5F__close_cb; about 1 run in 16 under load,
+    never in a single process), so the read-only input files stay open until
+    HDF5's own termination. Our outputs are closed and
+    flushed by now, so skipping the teardown loses nothing.
     """
     import horovod.torch as hvd
 
@@ -146,6 +150,11 @@ def per_rank_batch(cfg: Config, size: int) -> int:
     return g // size
 
 
+# Readers live until the process ends (see exit_after_horovod): h5py's File.close
+# on them crashed intermittently at the end of multi-rank runs.
+_KEEP_OPEN: list[Any] = []
+
+
 @dataclass
 class Setup:
     """What every rank built in step 3, before any collective that depends on it."""
@@ -177,6 +186,7 @@ def local_setup(cfg: Config, rank: int, size: int, device: torch.device) -> Setu
                                  window_samples=cfg.data.window_samples or None,
                                  virtual_shards=cfg.data.virtual_shards or None, **common)
     val_reader = ShardedReader(val_path, batch_size=vbatch, **common)
+    _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py
     if train_reader.steps_per_epoch < accum:
         raise ConfigError(
             f"{train_path}: {train_reader.steps_per_epoch} batches per epoch, fewer than "
@@ -441,9 +451,7 @@ def train(cfg: Config) -> int:
                             else f", requeue of job {job} FAILED")
             rep.info(f"{stop_reason} at step {step}: checkpoint written to {final}{requeued}")
             rep.close()
-            reader.close()
-            val_reader.close()
-            return 0
+            return 0  # readers stay open: see exit_after_horovod
         if not last_val:  # e.g. max_steps ended mid-epoch, or a finished run resumed
             last_val = evaluate(model, val_reader, cfg, device, hvd)
             rep.record("val", step, {"epoch": epoch, **last_val})
@@ -463,9 +471,7 @@ def train(cfg: Config) -> int:
         rep.info(f"done: val acc {summary['val_acc']:.4f}, {throughput:.0f} samples/s on "
                  f"{size} rank(s), {step} steps; outputs in {run_dir}")
         rep.close()
-        reader.close()
-        val_reader.close()
-        return 0
+        return 0  # readers stay open: see exit_after_horovod
 
 
 def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterator[Any],
