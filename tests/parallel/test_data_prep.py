@@ -26,13 +26,14 @@ def same_datasets(a: Path, b: Path) -> None:
         assert dict(fa.attrs) == dict(fb.attrs)
 
 
-@pytest.mark.parametrize("samples", [5000, 37])
-def test_two_ranks_write_the_same_file_as_one(ranks, tmp_path: Path, samples: int) -> None:
+@pytest.mark.parametrize(("samples", "mpio"), [(5000, "independent"), (37, "collective")])
+def test_two_ranks_write_the_same_file_as_one(ranks, tmp_path: Path, samples: int,
+                                              mpio: str) -> None:
     """37 samples: rank 1 has fewer rows, and takes part in collective writes with none."""
     args = ["synthetic", "--samples", str(samples), "--shape", "3,16,16", "--seed", "3",
             "--val-samples", "100"]
     assert prep.main([*args, "--out", str(tmp_path / "one")]) == 0
-    run = ranks(PREP, *args, "--out", str(tmp_path / "two"), np=2, timeout=120)
+    run = ranks(PREP, *args, "--mpio", mpio, "--out", str(tmp_path / "two"), np=2, timeout=120)
     assert "on 2 rank(s)" in run.output
     for split in ("train.h5", "val.h5"):
         same_datasets(tmp_path / "one" / split, tmp_path / "two" / split)
