@@ -363,7 +363,7 @@ class ShardedReader:
         if self._recyclers is None:
             self._recyclers = (Recycler(), Recycler())
         asm = Assembler(plan, x, y, self.info.sample_shape, self.info.dtype, self.batch_size,
-                        self._recyclers, read_ahead=self.prefetch > 0)
+                        self._recyclers, read_ahead=False)
         pin = self.pin_memory and torch.cuda.is_available()
         for bx, by in asm:
             tx = torch.from_numpy(bx)

@@ -254,3 +254,20 @@ def test_recycler_reuses_only_released_arrays() -> None:
     assert id(pool.get(shape, dtype)) == b_id  # released: reused
     del held
     assert id(pool.get(shape, dtype)) in (a_id, b_id)
+
+
+def test_assembler_read_ahead_thread_gives_the_same_batches(data: Path) -> None:
+    from hpcdp.data.assemble import Assembler, Plan, Recycler
+
+    with h5py.File(data, "r") as f:
+        plan = Plan(num_samples=1000, block=16, seed=3, epoch=1, stream_len=40, window=11,
+                    per_stream=2, streams=range(24), position=6, steps=17)
+        got = {}
+        for ahead in (False, True):
+            asm = Assembler(plan, f["x"], f["y"], (2,), np.dtype(np.float32), 48,
+                            (Recycler(), Recycler()), read_ahead=ahead)
+            got[ahead] = [y.copy() for _, y in asm]
+    assert len(got[True]) == 17
+    np.testing.assert_array_equal(np.stack(got[True]), np.stack(got[False]))
+    want = pt.global_order(1000, 16, 3, 1, 48, 24, 11, position=6, stream_len=40)
+    np.testing.assert_array_equal(np.stack(got[False]), want)
