@@ -7,13 +7,19 @@ same buffers, interleaved round by round, so a ratio such as Horovod/raw MPI
 compares figures measured at the same moment on a noisy machine.
 
 Columns (all on float32 buffers of the given size):
-  memcpy  torch copy_ between two warm buffers: what one core can move.
-  alloc   a fresh torch.empty(...).fill_(0): the page-fault cost an
-          out-of-place op pays when its output is newly allocated.
-  mpi     mpi4py Allreduce(src, dst), preallocated, out of place.
-  mpi_    mpi4py Allreduce(IN_PLACE, buf).
+  memcpy   torch copy_ between two warm buffers: what one core can move.
+  alloc    a fresh torch.empty(...).fill_(0): the cost of writing into newly
+           allocated memory (not measured unless asked for).
+  mpi_solo mpi4py Allreduce(src, dst) before Horovod starts: MPI alone.
+  mpi      the same beside an initialized Horovod (its background thread
+           polls every cycle): the reference for the hvd/mpi ratios.
+  mpi_     mpi4py Allreduce(IN_PLACE, buf).
+  mpi_new  mpi4py Allreduce(src, torch.empty(...)): out of place into a
+           fresh output each call, as hvd.allreduce does.
   hvd     hvd.allreduce(src): out of place, Horovod allocates the output.
-  hvd_    hvd.allreduce_(buf): in place, what DistributedOptimizer does.
+  hvd_    hvd.allreduce_(buf): in place, as DistributedOptimizer reduces gradients.
+  hvd_avg hvd.allreduce_(buf, op=Average): DistributedOptimizer's default op,
+          which adds a scaling pass over the buffer after the sum.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.common import RunConfig
 
-COLUMNS = ("memcpy", "alloc", "mpi", "mpi_", "hvd", "hvd_")
-MPI_ONLY = ("mpi", "mpi_")
-HVD_COLUMNS = ("hvd", "hvd_")
+COLUMNS = ("memcpy", "alloc", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
+DEFAULT_COLUMNS = ("memcpy", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
+MPI_ONLY = ("mpi_solo", "mpi", "mpi_", "mpi_new")
+HVD_COLUMNS = ("hvd", "hvd_", "hvd_avg")
 DEFAULT_SIZES = "4KiB..256MiB"
 DEFAULT_CONFIGS = ("mpi-default", "mpi-hpcdp", "gloo-default", "gloo-hpcdp")
 
@@ -48,7 +55,7 @@ def builtin_configs() -> dict[str, RunConfig]:
     }
 
 
-def iters_for(nbytes: int, budget: int, lo: int = 1, hi: int = 200) -> int:
+def iters_for(nbytes: int, budget: int, lo: int = 1, hi: int = 50) -> int:
     """Ops per timed block: about `budget` bytes each, within [lo, hi].
 
     A pure function of the size, so every rank agrees without communicating.
@@ -61,19 +68,123 @@ def iters_for(nbytes: int, budget: int, lo: int = 1, hi: int = 200) -> int:
 # --------------------------------------------------------------------------- worker
 
 
-def _worker(args: argparse.Namespace) -> int:
-    """One rank: measure every column at every size, then rank 0 writes the JSON."""
+def _time_op(
+    op: Callable[[], object],
+    iters: int,
+    sync: Callable[[], None],
+    fence: Callable[[], None] | None = None,
+) -> float:
+    """Seconds per call of `op`, over `iters` calls started together on every rank.
+
+    `fence` waits for queued device work (a GPU copy returns before it is done).
+    """
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        op()
+    if fence is not None:
+        fence()
+    return (time.perf_counter() - start) / iters
+
+
+def resolve_device(requested: str, cuda_available: bool) -> str:
+    """'cpu' or 'cuda' for --device auto|cpu|cuda; asking for cuda without one is an error."""
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if requested == "cuda" and not cuda_available:
+        raise ValueError("--device cuda: torch sees no CUDA device on this rank")
+    if requested not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {requested!r}; choose auto, cpu or cuda")
+    return requested
+
+
+def _compute_rounds(rounds: int, sync: Callable[[], None]) -> list[float]:
+    """Seconds per round of a fixed matrix-multiply workload: a training step's compute in small.
+
+    Timed once before `hvd.init()` and once after it, while Horovod is idle, it
+    shows what the background thread's polling every cycle costs the compute
+    that shares its cores.
+    """
     import torch
 
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 256, generator=gen), torch.randn(256, 256, generator=gen)
+    out = []
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        for _ in range(20):
+            torch.mm(a, b)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _worst(gathered: Sequence[Mapping[str, list[float]]], col: str, repeats: int) -> list[float]:
+    """The slowest rank's time per round: a collective ends when its last rank does."""
+    return [max(t[col][i] for t in gathered) for i in range(repeats)]
+
+
+def _rotated(items: Sequence[str], shift: int) -> list[str]:
+    """`items` starting at `shift`: each round a different column runs first."""
+    k = shift % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One rank: measure every column at every size, then rank 0 writes the JSON.
+
+    Horovod cannot be restarted in the same process once HOROVOD_CYCLE_TIME or
+    HOROVOD_FUSION_THRESHOLD is set (0.28.1 crashes in its parameter manager),
+    so what needs Horovod absent (`mpi_solo`, the compute probe alone) runs
+    first, then Horovod starts and the other columns run interleaved.
+    """
+    import torch
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    budget = common.parse_size(args.budget)
+    device = resolve_device(args.device, torch.cuda.is_available())
+    # Raw MPI needs MPI ranks, and host memory (CUDA-aware MPI is not assumed).
+    with_mpi = args.mpi and device == "cpu"
+    columns = [c for c in args.columns.split(",") if with_mpi or c not in MPI_ONLY]
+    fence = torch.cuda.synchronize if device == "cuda" else None
+    live_cols = [c for c in columns if c != "mpi_solo"]
     comm = mpi = None
-    if args.mpi:
-        from mpi4py import MPI
+    times: dict[int, dict[str, list[float]]] = {n: {c: [] for c in columns} for n in sizes}
+
+    def iters_of(nbytes: int) -> int:
+        return args.iters or iters_for(nbytes, budget)
+
+    def buffers(nbytes: int) -> tuple[Any, Any, Any]:
+        n = nbytes // 4
+        return (torch.ones(n, device=device), torch.empty(n, device=device),
+                torch.zeros(n, device=device))
+
+    def no_sync() -> None:
+        return None
+
+    if with_mpi:
+        from mpi4py import MPI  # initializes MPI with MPI_THREAD_MULTIPLE, as Horovod asks
 
         mpi, comm = MPI, MPI.COMM_WORLD
+        if "mpi_solo" in columns:
+            for nbytes in sizes:
+                src, dst, _ = buffers(nbytes)
+                s_np, d_np = src.numpy(), dst.numpy()
+                for rnd in range(args.warmup + args.repeats):
+                    secs = _time_op(lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=MPI.SUM),
+                                    iters_of(nbytes), comm.Barrier)
+                    if rnd >= args.warmup:
+                        times[nbytes]["mpi_solo"].append(secs)
+                del src, dst, s_np, d_np
+    compute = {"solo": _compute_rounds(args.compute_rounds, comm.Barrier if comm else no_sync)}
+
     import horovod.torch as hvd
 
     hvd.init()
-    columns = [c for c in args.columns.split(",") if args.mpi or c not in MPI_ONLY]
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+    hvd.barrier()
+    compute["beside_hvd"] = _compute_rounds(args.compute_rounds, no_sync)
 
     def sync() -> None:
         if comm is not None:
@@ -81,44 +192,47 @@ def _worker(args: argparse.Namespace) -> int:
         else:
             hvd.barrier()
 
-    rows: list[dict[str, Any]] = []
-    for nbytes in (int(s) for s in args.sizes.split(",")):
+    for nbytes in sizes:
         n = nbytes // 4
-        src, dst, buf = torch.ones(n), torch.empty(n), torch.zeros(n)
+        src, dst, buf = buffers(nbytes)
         ops: dict[str, Callable[[], object]] = {
             "memcpy": lambda dst=dst, src=src: dst.copy_(src),
-            "alloc": lambda n=n: torch.empty(n).fill_(0.0),
+            "alloc": lambda n=n: torch.empty(n, device=device).fill_(0.0),
             "hvd": lambda src=src, k=nbytes: hvd.allreduce(src, op=hvd.Sum, name=f"ar.{k}"),
             "hvd_": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, op=hvd.Sum, name=f"ar_.{k}"),
+            "hvd_avg": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, name=f"avg_.{k}"),
         }
         if comm is not None:
             s_np, d_np, b_np = src.numpy(), dst.numpy(), buf.numpy()
             ops["mpi"] = lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=mpi.SUM)
             ops["mpi_"] = lambda b=b_np: comm.Allreduce(mpi.IN_PLACE, b, op=mpi.SUM)
-        iters = args.iters or iters_for(nbytes, common.parse_size(args.budget))
-        times: dict[str, list[float]] = {c: [] for c in columns}
+            ops["mpi_new"] = lambda s=s_np, n=n: comm.Allreduce(s, torch.empty(n).numpy(),
+                                                                op=mpi.SUM)
         for rnd in range(args.warmup + args.repeats):
-            shift = rnd % len(columns)  # rotate the order so no column always runs first
-            for col in columns[shift:] + columns[:shift]:
-                sync()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    ops[col]()
-                per_op = (time.perf_counter() - start) / iters
+            for col in _rotated(live_cols, rnd):
+                secs = _time_op(ops[col], iters_of(nbytes), sync, fence)
                 if rnd >= args.warmup:
-                    times[col].append(per_op)
-        # The slowest rank's time is the op's time (a collective ends when the last rank does).
-        gathered = hvd.allgather_object(times)
-        for col in columns:
-            worst = [max(t[col][i] for t in gathered) for i in range(args.repeats)]
-            rows.append({"column": col, "bytes": nbytes, "iters": iters, "seconds": worst})
+                    times[nbytes][col].append(secs)
         del src, dst, buf, ops
+
+    gathered = hvd.allgather_object(times)
+    rows: list[dict[str, Any]] = []
+    for nbytes in sizes:
+        for col in (c for c in COLUMNS if c in columns):
+            worst = _worst([g[nbytes] for g in gathered], col, args.repeats)
+            rows.append({"column": col, "bytes": nbytes, "iters": iters_of(nbytes),
+                         "seconds": worst})
+    computes = hvd.allgather_object(compute)
+    columns = [c for c in COLUMNS if c in columns]
     if hvd.rank() == 0:
         common.write_json(args.json, {
             "np": hvd.size(),
+            "device": device,
             "columns": columns,
-            "mpi_threads_supported": bool(hvd.mpi_threads_supported()) if args.mpi else None,
+            "mpi_threads_supported": bool(hvd.mpi_threads_supported()) if with_mpi else None,
             "rows": rows,
+            # Per rank: seconds per compute round before hvd.init() and beside idle Horovod.
+            "compute": computes,
         })
     hvd.shutdown()
     return 0
@@ -149,6 +263,19 @@ def summarize(config: RunConfig, raw: Mapping[str, Any]) -> list[dict[str, Any]]
     return out
 
 
+def idle_cost(raw: Mapping[str, Any]) -> dict[str, float] | None:
+    """The compute probe's medians, and how much slower compute ran beside idle Horovod.
+
+    The slowest rank decides a data-parallel step, so each side is its slowest rank's median.
+    """
+    ranks = raw.get("compute") or []
+    if not ranks:
+        return None
+    solo = max(common.median(r["solo"]) for r in ranks)
+    beside = max(common.median(r["beside_hvd"]) for r in ranks)
+    return {"solo_s": solo, "beside_hvd_s": beside, "slowdown": beside / solo}
+
+
 def add_ratios(rows: list[dict[str, Any]], reference: str | None) -> None:
     """Set `vs_mpi` on Horovod rows: busbw over raw MPI's at the same size.
 
@@ -165,14 +292,18 @@ def add_ratios(rows: list[dict[str, Any]], reference: str | None) -> None:
         row["vs_mpi"] = row["busbw_GBps"] / base if base else None
 
 
-def tables(rows: Sequence[Mapping[str, Any]], nranks: int) -> str:
+def tables(
+    rows: Sequence[Mapping[str, Any]],
+    nranks: int,
+    idle: Mapping[str, Mapping[str, float] | None] | None = None,
+) -> str:
     """One table per configuration: busbw per column, then Horovod over raw MPI."""
     factor = 2 * (nranks - 1) / nranks
     parts = [
-        f"All-reduce on {nranks} ranks. Figures are busbw in GB/s (1e9 B/s), the median of the "
-        f"repeats; busbw = algbw x 2(n-1)/n = algbw x {factor:.2f}. memcpy and alloc are one "
-        f"rank's local copy and fresh-allocation rates (algbw). hvd/mpi: Horovod's busbw over "
-        f"raw mpi4py's out-of-place Allreduce on the same buffers."
+        f"All-reduce on {nranks} ranks: busbw in GB/s (1e9 B/s), the median of the repeats; "
+        f"busbw = algbw x 2(n-1)/n = algbw x {factor:.2f}.\nmemcpy and alloc are one rank's "
+        f"local rates. X/mpi is column X's busbw over raw mpi4py's out-of-place Allreduce on "
+        f"the same buffers (a Gloo launch uses the reference MPI launch's)."
     ]
     for config in dict.fromkeys(r["config"] for r in rows):
         mine = [r for r in rows if r["config"] == config]
@@ -189,11 +320,19 @@ def tables(rows: Sequence[Mapping[str, Any]], nranks: int) -> str:
             body.append(line)
         launcher = mine[0]["launcher"]
         parts.append(f"\n[{config}] ({launcher})\n" + common.format_table(headers, body))
+        cost = (idle or {}).get(config)
+        if cost:
+            parts.append(f"compute beside idle Horovod: {cost['slowdown']:.2f}x the time "
+                         f"before hvd.init() ({cost['solo_s'] * 1e3:.1f} -> "
+                         f"{cost['beside_hvd_s'] * 1e3:.1f} ms per round)")
     return "\n".join(parts)
 
 
-LINE_STYLES = {"mpi": {"linestyle": ":", "marker": "^"}, "hvd": {"linestyle": "-", "marker": "o"},
-               "hvd_": {"linestyle": "--", "marker": "s"}}
+LINE_STYLES = {"mpi_solo": {"linestyle": ":", "marker": "v"},
+               "mpi": {"linestyle": ":", "marker": "^"},
+               "hvd": {"linestyle": "-", "marker": "o"},
+               "hvd_": {"linestyle": "--", "marker": "s"},
+               "hvd_avg": {"linestyle": "-.", "marker": "x"}}
 
 
 def plot(rows: Sequence[Mapping[str, Any]], path: Path, nranks: int) -> Path:
@@ -248,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help="LO..HI (x4 steps) or a comma list, e.g. 4KiB,64MiB (default %(default)s)")
     p.add_argument("--iters", type=int, default=0,
-                   help="ops per timed block (default: about --budget bytes, 1..200)")
+                   help="ops per timed block (default: about --budget bytes, 1..50)")
     p.add_argument("--budget", default="128MiB", help="bytes per timed block when --iters is 0")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds; the median is reported")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
@@ -256,11 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="built-in configurations to run, comma-separated (default %(default)s)")
     p.add_argument("--config", action="append", default=[], metavar="NAME=LAUNCHER[:K=V,...]",
                    help="an extra configuration, e.g. cyc5=mpi-hpcdp+HOROVOD_CYCLE_TIME=5")
-    p.add_argument("--columns", default=",".join(COLUMNS), help="columns to measure")
+    p.add_argument("--columns", default=",".join(DEFAULT_COLUMNS),
+                   help=f"columns to measure, from {', '.join(COLUMNS)} (default %(default)s)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="buffers on the CPU or on each rank's GPU (NCCL path; no raw-MPI "
+                   "columns); auto: the GPU when torch sees one")
     p.add_argument("--out", default="bench/results", help="folder for allreduce.json/.png")
     p.add_argument("--name", default="allreduce", help="file stem of the outputs")
     p.add_argument("--timeout", type=float, default=900.0, help="bound per launch, seconds")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--compute-rounds", type=int, default=10,
+                   help="rounds of the compute probe, before and after hvd.init() (default 10)")
     # Internal: how the parent starts the ranks.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
@@ -296,8 +441,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"unknown columns {unknown}; choose from {', '.join(COLUMNS)}")
         if args.np < 2:
             raise ValueError("--np must be at least 2 for an all-reduce benchmark")
-        if min(args.repeats, args.warmup + 1, args.iters + 1) < 1:
-            raise ValueError("--repeats must be positive; --warmup and --iters not negative")
+        if min(args.repeats, args.compute_rounds, args.warmup + 1, args.iters + 1) < 1:
+            raise ValueError("--repeats and --compute-rounds must be positive; "
+                             "--warmup and --iters not negative")
         bad = [s for s in sizes if s % 4]
         if bad:
             raise ValueError(f"sizes must be whole float32 buffers (multiples of 4 B): {bad}")
@@ -307,10 +453,13 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     rows: list[dict[str, Any]] = []
+    idle: dict[str, dict[str, float] | None] = {}
+    devices: dict[str, str] = {}
     worker_args = [
         "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
         "--budget", str(budget), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-        "--columns", ",".join(columns),
+        "--columns", ",".join(columns), "--compute-rounds", str(args.compute_rounds),
+        "--device", args.device,
     ]
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
         for config in configs:
@@ -325,18 +474,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"hpcdp bench allreduce: {err}", file=sys.stderr)
                 return 1
             rows += summarize(config, raw)
-    mpi_configs = [c.name for c in configs if c.uses_mpi and "mpi" in columns]
+            idle[config.name] = idle_cost(raw)
+            devices[config.name] = raw.get("device", "cpu")
+    mpi_configs = list(dict.fromkeys(r["config"] for r in rows if r["column"] == "mpi"))
     reference = "mpi-hpcdp" if "mpi-hpcdp" in mpi_configs else next(iter(mpi_configs), None)
     add_ratios(rows, reference)
-    print(tables(rows, args.np))
+    print(tables(rows, args.np, idle))
     payload = {
         "benchmark": "allreduce",
         "np": args.np,
         "params": {"sizes": sizes, "iters": args.iters, "budget": budget,
                    "repeats": args.repeats, "warmup": args.warmup, "columns": columns},
-        "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},
+        "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env),
+                             "device": devices.get(c.name)} for c in configs},
         "reference_mpi_config": reference,
         "rows": rows,
+        "idle_compute": idle,
     }
     json_path = common.write_json(out / f"{args.name}.json", payload)
     print(f"\nwrote {json_path}")

@@ -21,6 +21,7 @@ from typing import Any
 
 from hpcdp import hvd_settings
 from hpcdp.bench import common
+from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
 from hpcdp.launcher import LAUNCHERS
 
@@ -39,9 +40,12 @@ def _worker(args: argparse.Namespace) -> int:
     import horovod.torch as hvd
     import torch
 
+    device = resolve_device(args.device, torch.cuda.is_available())
     hvd.init()
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
     n = args.tensor_bytes // 4
-    tensors = [torch.zeros(n) for _ in range(args.tensors)]
+    tensors = [torch.zeros(n, device=device) for _ in range(args.tensors)]
     seconds: list[float] = []
     for rnd in range(args.warmup + args.repeats):
         hvd.barrier()
@@ -50,12 +54,14 @@ def _worker(args: argparse.Namespace) -> int:
                    for i, t in enumerate(tensors)]
         for handle in handles:
             hvd.synchronize(handle)
+        if device == "cuda":
+            torch.cuda.synchronize()
         if rnd >= args.warmup:
             seconds.append(time.perf_counter() - start)
     gathered = hvd.allgather_object(seconds)
     worst = [max(s[i] for s in gathered) for i in range(args.repeats)]
     if hvd.rank() == 0:
-        common.write_json(args.json, {"np": hvd.size(), "seconds": worst})
+        common.write_json(args.json, {"np": hvd.size(), "device": device, "seconds": worst})
     hvd.shutdown()
     return 0
 
@@ -95,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", default="mpirun", choices=LAUNCHERS)
     p.add_argument("--config", action="append", default=[], metavar="NAME=LAUNCHER[:K=V,...]",
                    help="an extra configuration, e.g. on-cyc5=fusion-on+HOROVOD_CYCLE_TIME=5")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="tensors on the CPU or each rank's GPU; auto: the GPU when torch sees one")
     p.add_argument("--out", default="bench/results", help="folder for fusion.json/.png")
     p.add_argument("--name", default="fusion", help="file stem of the outputs")
     p.add_argument("--timeout", type=float, default=300.0, help="bound per launch, seconds")
@@ -128,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     worker_args = ["--tensors", str(args.tensors), "--tensor-bytes", str(tensor_bytes),
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                   "--device", args.device]
     results: dict[str, list[float]] = {c.name: [] for c in configs}
+    device = "cpu"
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
         for pair in range(args.pairs):
             for config in configs:
@@ -141,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"hpcdp bench fusion: {err}", file=sys.stderr)
                     return 1
                 results[config.name] += raw["seconds"]
+                device = raw.get("device", "cpu")
     summary = summarize(results, args.tensors, tensor_bytes)
     gain = speedup(summary, "fusion-off", "fusion-on")
     rows = [[name, s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
             for name, s in summary.items()]
     print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)}, allreduce_async_ then "
-          f"synchronize, {args.np} ranks, {args.launcher}; median of the rounds")
+          f"synchronize, {args.np} ranks, {args.launcher}, {device}; median of the rounds")
     print(common.format_table(["config", "ms/round", "algbw GB/s", "rounds"], rows))
     if gain is not None:
         print(f"fusion speedup (off / on): {gain:.2f}x")
@@ -154,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "benchmark": "fusion",
         "np": args.np,
+        "device": device,
         "params": {"tensors": args.tensors, "tensor_bytes": tensor_bytes, "launcher": args.launcher,
                    "repeats": args.repeats, "warmup": args.warmup, "pairs": args.pairs},
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},

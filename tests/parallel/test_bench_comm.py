@@ -35,8 +35,9 @@ def test_allreduce_mpi_and_gloo(tmp_path: Path, capsys) -> None:
     assert set(data["configs"]) == {"mpi-default", "gloo-hpcdp"}
     rows = data["rows"]
     got = {(r["config"], r["column"], r["bytes"]) for r in rows}
-    want = {("mpi-default", c, s) for c in allreduce.COLUMNS for s in (4096, 65536)}
-    want |= {("gloo-hpcdp", c, s) for c in allreduce.COLUMNS if c not in allreduce.MPI_ONLY
+    cols = allreduce.DEFAULT_COLUMNS
+    want = {("mpi-default", c, s) for c in cols for s in (4096, 65536)}
+    want |= {("gloo-hpcdp", c, s) for c in cols if c not in allreduce.MPI_ONLY
              for s in (4096, 65536)}
     assert got == want
     for row in rows:
@@ -45,6 +46,11 @@ def test_allreduce_mpi_and_gloo(tmp_path: Path, capsys) -> None:
         assert _positive(row["algbw_GBps"]) and _positive(row["busbw_GBps"]), row
         if row["column"] in allreduce.HVD_COLUMNS:
             assert _positive(row["vs_mpi"]), row  # Gloo's is against mpi-default's raw MPI
+    for config in ("mpi-default", "gloo-hpcdp"):
+        assert data["configs"][config]["device"] == "cpu"
+        idle = data["idle_compute"][config]
+        assert _positive(idle["solo_s"]) and _positive(idle["beside_hvd_s"])
+        assert idle["slowdown"] == pytest.approx(idle["beside_hvd_s"] / idle["solo_s"])
 
 
 def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
@@ -56,7 +62,7 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "fusion.png").stat().st_size > 5_000
     assert data["params"]["tensors"] == 20 and data["params"]["tensor_bytes"] == 4096
     assert data["configs"]["fusion-off"]["env"]["HOROVOD_FUSION_THRESHOLD"] == "0"
-    assert set(data["results"]) == {"fusion-off", "fusion-on"}
+    assert set(data["results"]) == {"fusion-off", "fusion-on"} and data["device"] == "cpu"
     for result in data["results"].values():
         assert len(result["seconds"]) == 3
         assert all(_positive(t) for t in result["seconds"])
