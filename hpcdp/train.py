@@ -321,9 +321,9 @@ def train(cfg: Config) -> int:
         accum = cfg.horovod.backward_passes_per_step
         adasum = cfg.horovod.op == "adasum"
         lr_scale = sched.lr_scale(size, accum, adasum, cfg.optim.scale_lr)
-        base = _optimizer(cfg, model)
+        # Horovod builds a new optimizer over the same parameter groups: use only `optimizer`.
         optimizer = hvd.DistributedOptimizer(
-            base,
+            _optimizer(cfg, model),
             named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if cfg.horovod.compression == "fp16"
             else hvd.Compression.none,
@@ -360,7 +360,9 @@ def train(cfg: Config) -> int:
         del decision
         # --- 5: the same starting point everywhere.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        if base.state:  # a fresh optimizer has no state yet; a resumed one has, on all ranks
+        # A fresh optimizer has no state to send (Horovod would fill it with a dummy
+        # step first); a resumed one has it on every rank.
+        if optimizer.state:
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
         # --- from here on, rank 0 writes the run dir.
