@@ -440,8 +440,8 @@ def train(cfg: Config) -> int:
                 epoch += 1
         train_seconds = time.perf_counter() - loop_start - excluded
 
-        if preempt is not None:
-            preempt.uninstall()
+        # The signal handlers stay until the process exits: a TERM that follows (Slurm
+        # ends a requeued job that way) must not kill a rank that is finishing cleanly.
         if trace is not None:
             trace.close()
         final = ckpt.step_path(cfg.checkpoint_dir, step)
