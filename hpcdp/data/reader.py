@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -417,6 +418,8 @@ class ShardedReader:
         self._recyclers = None
 
     def __del__(self) -> None:
+        if sys.is_finalizing():
+            return  # HDF5 (and with parallel HDF5, MPI) may already be torn down
         with contextlib.suppress(Exception):
             self.close()
 
