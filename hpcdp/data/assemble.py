@@ -59,7 +59,8 @@ class Labels:
     def __init__(self, dset: h5py.Dataset) -> None:
         self._dset = dset
         n = int(dset.shape[0])
-        rows = int(dset.chunks[0]) if dset.chunks is not None else 1 << 16
+        # At least 16384 labels per read, even from a file with tiny label chunks.
+        rows = max(int(dset.chunks[0]) if dset.chunks is not None else 1 << 16, 1 << 14)
         self._rows = max(1, min(rows, n))
         self._keep = max(2, self.KEEP_BYTES // (self._rows * 8))
         self._cache: dict[int, np.ndarray] = {}
