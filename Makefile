@@ -31,7 +31,7 @@ test-slurm: setup
 	$(PY) -m pytest tests/slurm -ra $(PYTEST_ARGS)
 
 lint:
-	$(VENV)/bin/ruff check hpcdp tests datasets
+	$(VENV)/bin/ruff check hpcdp tests datasets slurm
 
 ## Prepare the bundled digits data with 2 ranks and train on it with horovodrun -np 2.
 demo: setup
