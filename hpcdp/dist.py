@@ -22,6 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.config import HorovodConfig
+from hpcdp.placement import device_index_for_local_rank
 
 
 class AgreedError(RuntimeError):
@@ -62,14 +63,13 @@ def choose_device(kind: str, local_rank: int, cuda_available: bool, device_count
         return torch.device("cpu")
     if not cuda_available or device_count < 1:
         raise AgreedError("run.device='cuda' but no CUDA device is visible to this rank")
-    if device_count == 1:
-        return torch.device("cuda", 0)
-    if local_rank >= device_count:
+    try:
+        index = device_index_for_local_rank(local_rank, device_count)
+    except ValueError as exc:
         raise AgreedError(
-            f"local rank {local_rank} has no GPU of its own: {device_count} visible "
-            f"(CUDA_VISIBLE_DEVICES={visible!r}); start at most one rank per GPU"
-        )
-    return torch.device("cuda", local_rank)
+            f"{exc} (CUDA_VISIBLE_DEVICES={visible!r}); start at most one rank per GPU"
+        ) from exc
+    return torch.device("cuda", index)
 
 
 def pin_device(kind: str) -> torch.device:
