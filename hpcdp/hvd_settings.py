@@ -8,25 +8,27 @@ environment (read by Open MPI at startup and by Horovod at `hvd.init()`).
 Why each value (2 ranks sharing 2 cores, measured with `hpcdp bench allreduce`
 and `hpcdp bench fusion`; figures in hpcdp/bench/README.md):
 
-- HOROVOD_CYCLE_TIME=5 (ms; Horovod's default is 1). Horovod's background
-  thread wakes every cycle and runs a small all-reduce to agree on which
-  tensors are ready, even when idle; at 1 ms that is a thousand wake-ups a
-  second on every rank, competing with compute and with MPI calls made by
-  other threads (raw 4 KiB all-reduces beside Horovod ran 10-30x faster at
-  5 or 10 ms than at 1 ms). The price is latency: a collective waits for the
-  next cycle, so an op that takes less than a cycle runs at most once per
-  cycle. At 10 ms, 16 MiB all-reduces fell to about 80-90% of raw MPI; at
-  5 ms they stay level with it, and 16 MiB is about where gradient buffers
-  of the models we train start.
+- OMPI_MCA_mpi_yield_when_idle=1: the setting that decides. Open MPI
+  busy-polls while it waits; with Horovod's background thread, the Python
+  thread that spins (yielding) in `hvd.synchronize` and the other rank on the
+  same two cores, a rank that never yields takes the core the other side
+  needs. A training-step proxy (compute between 60 asynchronous gradient
+  all-reduces, 11 MB) took 255-380 ms per step without yielding and
+  173-217 ms with it, whatever the cycle time.
+- HOROVOD_CYCLE_TIME=1 (ms, Horovod's own default, set explicitly). With
+  yielding on, 1, 2, 5 and 10 ms gave the same step time within noise,
+  while longer cycles cost latency: an all-reduce waits for the next cycle,
+  so 200 fused 40 KiB gradients took 7-8 ms a round at 1 ms against 11 ms
+  at 5 ms (fusion's gain over no fusion: 1.4-2.2x against 1.5x), and a loop of
+  blocking 16 MiB all-reduces fell below raw MPI at 10 ms. Raise it (5-10)
+  only where other threads of the process make many small MPI calls while
+  Horovod runs (those ran 10x faster at 5 ms than at 1 ms), or where
+  yielding is not possible.
 - HOROVOD_FUSION_THRESHOLD=128 MiB: Horovod's own default, set explicitly so
   that a stray variable cannot switch fusion off. Fusion turns a backward
   pass's many small all-reduces into one; it matters most where each call is
   expensive (Gloo here: 14x; across nodes) and costs two copies through the
   fusion buffer where calls are cheap (MPI over shared memory).
-- OMPI_MCA_mpi_yield_when_idle=1: Open MPI busy-polls while it waits. With
-  Horovod's background thread, the Python thread that spins (yielding) in
-  `hvd.synchronize`, and the other rank on the same cores, a rank that never
-  yields takes the core the other side needs to make progress.
 - OMP_NUM_THREADS=1: one compute thread per rank when ranks fill the cores;
   more only oversubscribe them.
 
@@ -49,7 +51,7 @@ HOROVOD_DEFAULTS: Mapping[str, str] = {
 }
 
 RECOMMENDED: Mapping[str, str] = {
-    "HOROVOD_CYCLE_TIME": "5",
+    "HOROVOD_CYCLE_TIME": "1",
     "HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024),
     "OMPI_MCA_mpi_yield_when_idle": "1",
     "OMP_NUM_THREADS": "1",

@@ -46,12 +46,17 @@ def _worker(args: argparse.Namespace) -> int:
         torch.cuda.set_device(hvd.local_rank())
     n = args.tensor_bytes // 4
     tensors = [torch.zeros(n, device=device) for _ in range(args.tensors)]
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(384, 384, generator=gen).to(device) for _ in range(2))
     seconds: list[float] = []
     for rnd in range(args.warmup + args.repeats):
         hvd.barrier()
         start = time.perf_counter()
-        handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}")
-                   for i, t in enumerate(tensors)]
+        handles = []
+        for i, t in enumerate(tensors):
+            for _ in range(args.compute_between):  # a backward pass's work between gradients
+                torch.mm(a, b)
+            handles.append(hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}"))
         for handle in handles:
             hvd.synchronize(handle)
         if device == "cuda":
@@ -94,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--tensors", type=int, default=200, help="tensors per round (default 200)")
     p.add_argument("--tensor-size", default="40KiB", help="bytes per tensor (default 40KiB)")
+    p.add_argument("--compute-between", type=int, default=0, metavar="K",
+                   help="384x384 matrix products before each tensor is handed over, making "
+                   "a round a training-step proxy (default 0: communication only)")
     p.add_argument("--repeats", type=int, default=20, help="timed rounds per launch")
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
     p.add_argument("--pairs", type=int, default=2,
@@ -123,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--tensor-size {args.tensor_size} is not whole float32 elements")
         if args.np < 2 or args.tensors < 1 or args.repeats < 1 or args.pairs < 1:
             raise ValueError("--np must be >= 2 and --tensors, --repeats, --pairs positive")
-        if args.warmup < 0:
-            raise ValueError("--warmup must not be negative")
+        if args.warmup < 0 or args.compute_between < 0:
+            raise ValueError("--warmup and --compute-between must not be negative")
         builtin = builtin_configs(args.launcher)
         configs = list(builtin.values())
         configs += [common.parse_config(spec, builtin) for spec in args.config]
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     worker_args = ["--tensors", str(args.tensors), "--tensor-bytes", str(tensor_bytes),
                    "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                   "--device", args.device]
+                   "--device", args.device, "--compute-between", str(args.compute_between)]
     results: dict[str, list[float]] = {c.name: [] for c in configs}
     device = "cpu"
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "np": args.np,
         "device": device,
         "params": {"tensors": args.tensors, "tensor_bytes": tensor_bytes, "launcher": args.launcher,
+                   "compute_between": args.compute_between,
                    "repeats": args.repeats, "warmup": args.warmup, "pairs": args.pairs},
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},
         "results": summary,

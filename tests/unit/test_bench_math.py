@@ -178,6 +178,7 @@ def test_main_rejects_bad_options_before_launching(capsys) -> None:
     assert "multiples of 4" in capsys.readouterr().err
     assert fusion.main(["--tensor-size", "3"]) == 2
     assert fusion.main(["--tensors", "0"]) == 2
+    assert fusion.main(["--compute-between", "-1"]) == 2
 
 
 def test_idle_cost_uses_the_slowest_rank() -> None:
