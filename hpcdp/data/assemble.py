@@ -8,19 +8,30 @@ interleaving of streams happen in that single copy. Batches that lie wholly in
 the window are then views of that array (no further copy); a batch that
 straddles two windows is filled from both.
 
+For an uncompressed, unfiltered dataset whose rows can be located in the file
+(`RowMap.open`), the reader skips HDF5 and the staging copy altogether: the file
+is mapped read-only and each batch is gathered with one fancy index straight
+from the page cache into a fresh batch array, one copy per byte like raw slab
+reads. The kernel is asked to read each window's runs ahead (MADV_WILLNEED, in
+file order, whole runs) and to drop a consumed window's pages from this
+process's mapping (MADV_DONTNEED), so that resident memory stays bounded.
+
 This is the I/O half of the reader; which rows go where comes from
 `hpcdp.data.partition`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import h5py
 import numpy as np
-from h5py import h5s
+from h5py import h5d, h5s
 
 from hpcdp.data import partition as pt
 from hpcdp.data.prefetch import Inline, Prefetcher
@@ -119,6 +130,119 @@ class Recycler:
         return fresh
 
 
+class RowMap:
+    """The dataset's rows read straight from the file, mapped read-only.
+
+    Built only for layouts whose bytes are the samples themselves: contiguous, or
+    chunked along the first axis only, no filters, no external storage, a plain
+    numeric dtype, every chunk written at full size. Anything else returns None
+    from `open` and the reader reads through HDF5.
+    """
+
+    def __init__(self, path: str, pieces: np.ndarray, piece_rows: int,
+                 sample_bytes: int) -> None:
+        self._pieces, self._piece_rows, self._sb = pieces, piece_rows, sample_bytes
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if int(pieces.max()) + piece_rows * sample_bytes > size or int(pieces.min()) < 0:
+                raise ValueError(f"{path}: the dataset's storage lies past the end of the file")
+            self._mm: mmap.mmap | None = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        # One opaque sample-sized item starting at every byte of the file: a fancy index
+        # by byte offset then copies whole samples, wherever each chunk starts.
+        self._items: np.ndarray | None = np.ndarray(
+            (size - sample_bytes + 1,), np.dtype((np.void, sample_bytes)), buffer=self._mm,
+            strides=(1,))
+
+    @classmethod
+    def open(cls, path: str, dset: h5py.Dataset) -> RowMap | None:
+        """The map of `dset` in `path`, or None when its rows cannot be read from its bytes."""
+        located = locate_rows(dset)
+        if located is None:
+            return None
+        sample_bytes = int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
+        try:
+            rows = cls(path, *located, sample_bytes)
+        except (OSError, ValueError):
+            return None
+        # The offsets are HDF5 addresses; check that they are this file's bytes (a user
+        # block or an unusual driver would shift them) on the first and last sample.
+        n = int(dset.shape[0])
+        for r in sorted({0, n // 2, n - 1}):
+            mapped = rows.gather(rows.offsets(np.array([r], np.int64))).tobytes()
+            if mapped != np.ascontiguousarray(dset[r : r + 1]).tobytes():
+                rows.close()
+                return None
+        return rows
+
+    def offsets(self, rows: np.ndarray) -> np.ndarray:
+        """Byte offsets in the file of the given rows."""
+        return self._pieces[rows // self._piece_rows] + rows % self._piece_rows * self._sb
+
+    def gather(self, offsets: np.ndarray) -> np.ndarray:
+        """A fresh array of the samples at `offsets`, as opaque items (one copy)."""
+        assert self._items is not None, "the row map is closed"
+        return self._items[offsets]
+
+    def advise(self, runs: Iterable[tuple[int, int]], advice: int) -> None:
+        """madvise the pages of row runs, chunk by chunk, in order (a hint: errors ignored)."""
+        if self._mm is None:
+            return
+        pr, sb, page = self._piece_rows, self._sb, mmap.PAGESIZE
+        for start, stop in runs:
+            row = start
+            while row < stop:
+                end = min(stop, (row // pr + 1) * pr)
+                a = int(self.offsets(np.array([row]))[0])
+                lo = a - a % page
+                with contextlib.suppress(OSError, ValueError):
+                    self._mm.madvise(advice, lo, a + (end - row) * sb - lo)
+                row = end
+
+    def close(self) -> None:
+        """Unmap the file (left to the garbage collector if something still views it)."""
+        self._items = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            with contextlib.suppress(BufferError):
+                mm.close()
+
+
+def locate_rows(dset: h5py.Dataset) -> tuple[np.ndarray, int] | None:
+    """(byte offset of each piece of rows, rows per piece) of `dset`, or None.
+
+    A piece is a chunk (chunked layout) or the whole dataset (contiguous layout).
+    None whenever the file's bytes are not simply the samples in row order.
+    """
+    dtype = dset.dtype
+    if dtype.kind not in "biufc" or not dtype.isnative or dset.ndim < 1:
+        return None
+    n = int(dset.shape[0])
+    sample_bytes = int(np.prod(dset.shape[1:], dtype=np.int64)) * dtype.itemsize
+    try:
+        dcpl = dset.id.get_create_plist()
+        if dcpl.get_nfilters() or dcpl.get_external_count():
+            return None
+        layout = dcpl.get_layout()
+        if layout == h5d.CONTIGUOUS:
+            offset = dset.id.get_offset()
+            return None if offset is None else (np.array([offset], np.int64), n)
+        if layout != h5d.CHUNKED or tuple(dset.chunks[1:]) != tuple(dset.shape[1:]):
+            return None
+        rows = int(dset.chunks[0])
+        count = -(-n // rows)
+        if dset.id.get_num_chunks() != count:  # a chunk never written reads as fill value
+            return None
+        pieces = np.full(count, -1, np.int64)
+        for i in range(count):
+            info = dset.id.get_chunk_info(i)
+            if info.byte_offset is None or info.size != rows * sample_bytes:
+                return None
+            pieces[info.chunk_offset[0] // rows] = info.byte_offset
+    except (AttributeError, NotImplementedError, OSError, RuntimeError, ValueError):
+        return None  # an HDF5 without chunk queries, or a layout it cannot describe
+    return (pieces, rows) if (pieces >= 0).all() else None
+
+
 def _rows_view(a: np.ndarray, rows: int, row_items: int) -> np.ndarray:
     """A 1-D view with one opaque item per sample, so that fancy copies move whole rows."""
     flat = a.reshape(rows, row_items)
@@ -139,8 +263,10 @@ class Assembler:
 
     def __init__(self, plan: Plan, x: h5py.Dataset, y: h5py.Dataset | None,
                  sample_shape: tuple[int, ...], dtype: np.dtype, batch: int,
-                 recyclers: tuple[Recycler, Recycler], read_ahead: bool = False) -> None:
+                 recyclers: tuple[Recycler, Recycler], read_ahead: bool = False,
+                 rows: RowMap | None = None) -> None:
         self.plan, self._x, self.shape, self.dtype, self.b = plan, x, sample_shape, dtype, batch
+        self._map = rows
         self._labels = Labels(y) if y is not None else None
         self._recycle_x, self._recycle_y = recyclers
         self._read_ahead = read_ahead
@@ -197,6 +323,9 @@ class Assembler:
         p = self.plan
         if p.steps <= 0:
             return
+        if self._map is not None:
+            yield from self._mapped_batches(self._map)
+            return
         source: Prefetcher | Inline = (
             Prefetcher(self._pieces(), self.READ_AHEAD, name="hpcdp-reader-io")
             if self._read_ahead else Inline(self._pieces())
@@ -240,9 +369,13 @@ class Assembler:
                     if done <= last else None)
             bx = by = items = None  # type: ignore[assignment]  # let the recycler see them free
 
-    def _fill_stream(self, source: Prefetcher | Inline, i: int, v: int, k: int, ws: int,
-                     we: int, first: int, items: np.ndarray, by: np.ndarray | None) -> None:
-        """Copy stream v's window k, piece by piece, each row once to its batch slot."""
+    def _slots(self, i: int, v: int, k: int, ws: int, we: int,
+               first: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Where each row of stream v's window k (in read order) goes in the window's batches.
+
+        Returns (slot in the flattened [step - first, batch] array, whether the row is
+        served in this pass at all, whether every row is).
+        """
         p, u, b = self.plan, self.plan.per_stream, self.b
         perm = pt.window_permutation(p.seed, p.epoch, v, k, we - ws)
         served = np.empty_like(perm)
@@ -250,7 +383,82 @@ class Assembler:
         rel = ws + served - p.position  # stream position relative to this pass
         slot = (rel // u - first) * b + i * u + rel % u
         valid = (rel >= 0) & (rel < p.steps * u)  # not before a resume point, nor dropped
-        every = bool(valid.all())
+        return slot, valid, bool(valid.all())
+
+    def _window_runs(self, k: int) -> list[list[tuple[int, int]]]:
+        """Each of this rank's streams' file row runs for window k, in read order."""
+        p = self.plan
+        ws, we = pt.window_bounds(p.stream_len, p.window, k)
+        return [pt.stream_runs(p.num_samples, p.block, self._order, p.stream_len, v, ws, we,
+                               self._offsets) for v in p.streams]
+
+    def _mapped_batches(self, rows: RowMap) -> Iterator[Batch]:
+        """The same batches as `_batches`, each gathered once from the mapped file.
+
+        Per window, only where each batch slot's sample lies in the file is worked
+        out (small integer arrays); the samples are copied once, batch by batch.
+        """
+        p = self.plan
+        u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
+        end = p.position + p.steps * u
+        nrows = -(-w // u) + 1
+        windows = self._windows()
+        prev: tuple[np.ndarray, np.ndarray | None] | None = None
+        here = self._window_runs(windows.start)
+        rows.advise((r for runs in here for r in runs), mmap.MADV_WILLNEED)
+        consumed: list[list[tuple[int, int]]] = []
+        for k in windows:
+            ahead = self._window_runs(k + 1) if k + 1 < windows.stop else []
+            # Ask for the next window's runs now, so that the kernel reads them (in file
+            # order) while this window's batches are gathered.
+            rows.advise((r for runs in ahead for r in runs), mmap.MADV_WILLNEED)
+            ws, we = pt.window_bounds(p.stream_len, w, k)
+            lo, hi = max(ws, p.position), min(we, end)
+            first = (lo - p.position) // u
+            last = (hi - 1 - p.position) // u
+            src = np.empty((nrows, b), np.int64)  # byte offset of each slot's sample
+            lab = np.empty((nrows, b), np.int64) if self._labels is not None else None
+            flat_src, flat_lab = src.reshape(-1), (lab.reshape(-1) if lab is not None else None)
+            for i, (v, runs) in enumerate(zip(p.streams, here, strict=True)):
+                slot, valid, every = self._slots(i, v, k, ws, we, first)
+                offsets = rows.offsets(pt.runs_to_indices(runs))
+                labels = None
+                if self._labels is not None:
+                    labels = np.empty(we - ws, np.int64)
+                    at = 0
+                    for start, stop in runs:
+                        self._labels.read(start, stop, labels[at : at + stop - start])
+                        at += stop - start
+                if not every:
+                    slot, offsets = slot[valid], offsets[valid]
+                    labels = labels[valid] if labels is not None else None
+                flat_src[slot] = offsets
+                if flat_lab is not None:
+                    flat_lab[slot] = labels
+            head = lo - (p.position + first * u)
+            if head and prev is not None:
+                src[0].reshape(n, u)[:, :head] = prev[0].reshape(n, u)[:, :head]
+                if lab is not None and prev[1] is not None:
+                    lab[0].reshape(n, u)[:, :head] = prev[1].reshape(n, u)[:, :head]
+            done = (hi - p.position) // u
+            for j in range(first, done):
+                bx = rows.gather(src[j - first]).view(self.dtype).reshape(b, *self.shape)
+                yield bx, (lab[j - first].copy() if lab is not None else None)
+            tail = last - first
+            prev = ((src[tail].copy(), lab[tail].copy() if lab is not None else None)
+                    if done <= last else None)
+            # The previous window's samples are all copied out now (a straddling step
+            # took its last rows from it during this window): unmap their pages here.
+            for runs in consumed:
+                rows.advise(runs, mmap.MADV_DONTNEED)
+            consumed, here = here, ahead
+        for runs in consumed:
+            rows.advise(runs, mmap.MADV_DONTNEED)
+
+    def _fill_stream(self, source: Prefetcher | Inline, i: int, v: int, k: int, ws: int,
+                     we: int, first: int, items: np.ndarray, by: np.ndarray | None) -> None:
+        """Copy stream v's window k, piece by piece, each row once to its batch slot."""
+        slot, valid, every = self._slots(i, v, k, ws, we, first)
         flat_y = by.reshape(-1) if by is not None else None
         r0 = 0
         while r0 < we - ws:

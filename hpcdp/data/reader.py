@@ -8,12 +8,18 @@ batches (`hpcdp.data.assemble`) `prefetch` batches ahead of the consumer, so
 reading overlaps compute and memory is bounded by about two windows
 (`window_bytes` each) plus the prefetched batches, not by the file.
 
-Batches are views into the window arrays: keep a batch past the next few steps
-and the reader allocates new windows instead of reusing them (still correct,
-just more memory). Pass a `transform` or copy if you need to keep batches.
+Through HDF5, batches are views into the window arrays: keep a batch past the
+next few steps and the reader allocates new windows instead of reusing them
+(still correct, just more memory).
 
-The file is opened lazily in the process that reads it (and reopened after a
-fork), so a reader can be handed to forked or spawned worker processes.
+Batches from an uncompressed, unfiltered dataset are gathered straight from the
+file mapped read-only (`hpcdp.data.assemble.RowMap`): one copy per byte instead
+of two, and such batches are fresh arrays, not views. `mmap=False` or
+HPCDP_READER_MMAP=0 in the environment read through HDF5 instead; so does any
+dataset whose rows cannot be located in the file (compressed, filtered, ...).
+
+The file is opened (and mapped) lazily in the process that reads it, and again
+after a fork, so a reader can be handed to forked or spawned worker processes.
 
 The remainder of an epoch smaller than one global batch is dropped, so that
 every rank takes the same number of steps.
@@ -33,13 +39,15 @@ import numpy as np
 import torch
 
 from hpcdp.data import partition as pt
-from hpcdp.data.assemble import Assembler, Plan, Recycler
+from hpcdp.data.assemble import Assembler, Plan, Recycler, RowMap
 from hpcdp.data.prefetch import Inline, Prefetcher
 
 #: Target bytes of one HDF5 read when the dataset is not chunked (the block size).
 CONTIGUOUS_BLOCK_BYTES = 1 << 20
 #: Default in-memory shuffle window per stream, in bytes (rounded to whole blocks).
 WINDOW_BYTES = 4 << 20
+#: Environment switch for the mapped-file path ("0", "false", "no" or "off" turn it off).
+MMAP_ENV = "HPCDP_READER_MMAP"
 
 STATE_KEYS = (
     "seed", "epoch", "num_samples", "block", "virtual_shards", "stream_length", "window",
@@ -156,6 +164,11 @@ def validate_dataset(
     return DatasetInfo(path, x_name, y_name, n, sample_shape, dtype, block)
 
 
+def mmap_enabled() -> bool:
+    """The mapped-file path's default: on unless HPCDP_READER_MMAP says otherwise."""
+    return os.environ.get(MMAP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def default_window(block: int, sample_bytes: int) -> int:
     """About `WINDOW_BYTES` per stream in whole blocks; independent of the world size."""
     return block * max(1, WINDOW_BYTES // max(1, block * sample_bytes))
@@ -186,6 +199,7 @@ class ShardedReader:
         prefetch: int = 2,
         pin_memory: bool = False,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        mmap: bool | None = None,
     ) -> None:
         path = os.fspath(path)
         if batch_size < 1:
@@ -206,6 +220,7 @@ class ShardedReader:
         self.pin_memory = pin_memory
         self.transform = transform
         self.seed = seed
+        self.mmap = mmap_enabled() if mmap is None else mmap
         self.window = window_samples or default_window(self.info.block, self.info.sample_bytes)
         if self.window < 1:
             raise ReaderError(f"{path}: window_samples must be at least 1, got {self.window}")
@@ -220,6 +235,8 @@ class ShardedReader:
         self._pid: int | None = None
         self._active: Prefetcher | Inline | None = None
         self._recyclers: tuple[Recycler, Recycler] | None = None
+        self._rows: RowMap | None = None
+        self._rows_pid: int | None = None
 
     # -- layout -------------------------------------------------------------------------
 
@@ -344,6 +361,20 @@ class ShardedReader:
         y = f[self.info.y_name] if self.info.y_name is not None else None
         return f[self.info.x_name], y
 
+    def _row_map(self, x: h5py.Dataset) -> RowMap | None:
+        """This process's map of the file, made on first use; None when it cannot be used."""
+        if not self.mmap:
+            return None
+        if self._rows_pid != os.getpid():
+            self._rows = RowMap.open(self.path, x)  # a parent's mapping is dropped, not closed
+            self._rows_pid = os.getpid()
+        return self._rows
+
+    @property
+    def mapped(self) -> bool:
+        """Whether batches are gathered from the mapped file (else read through HDF5)."""
+        return self._row_map(self._datasets()[0]) is not None
+
     def _plan(self) -> Plan:
         return Plan(
             num_samples=self.info.num_samples,
@@ -364,7 +395,7 @@ class ShardedReader:
         if self._recyclers is None:
             self._recyclers = (Recycler(), Recycler())
         asm = Assembler(plan, x, y, self.info.sample_shape, self.info.dtype, self.batch_size,
-                        self._recyclers, read_ahead=False)
+                        self._recyclers, read_ahead=False, rows=self._row_map(x))
         pin = self.pin_memory and torch.cuda.is_available()
         for bx, by in asm:
             tx = torch.from_numpy(bx)
@@ -413,8 +444,12 @@ class ShardedReader:
         if self._file is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 self._file.close()
+        if self._rows is not None and self._rows_pid == os.getpid():
+            self._rows.close()
         self._file = None
         self._pid = None
+        self._rows = None
+        self._rows_pid = None
         self._recyclers = None
 
     def __del__(self) -> None:
@@ -432,5 +467,6 @@ class ShardedReader:
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the open file or thread (for spawned worker processes)."""
         state = dict(self.__dict__)
-        state.update(_file=None, _pid=None, _active=None, _recyclers=None)
+        state.update(_file=None, _pid=None, _active=None, _recyclers=None, _rows=None,
+                     _rows_pid=None)
         return state
