@@ -68,11 +68,52 @@ class Preemption:
         return reduce_max(1 if self.requested else 0) > 0
 
 
+def job_fields(show: str) -> dict[str, str]:
+    """`scontrol show job -o` output -> {"JobState": ..., "Reason": ...} (first word each)."""
+    fields: dict[str, str] = {}
+    for word in show.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def requeue_wanted(show: str) -> tuple[bool, str]:
+    """Whether a job that stopped on a signal should requeue itself, and why (pure).
+
+    What the ranks see in `scontrol show job -o`: a user's `scancel` reads
+    `JobState=COMPLETING Reason=None`, a time limit `COMPLETING Reason=TimeLimit`,
+    a `--signal=USR1` warning `RUNNING`. A job being ended by anything but its time
+    limit or preemption was cancelled and must stay cancelled. An unreadable record
+    requeues (the signal most likely was the preemption warning it is meant for).
+    """
+    fields = job_fields(show)
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "")
+    if not state:
+        return True, "job state unknown"
+    if state in ("COMPLETING", "CANCELLED") and reason not in ("TimeLimit", "Preempted"):
+        return False, f"job is being cancelled (JobState={state} Reason={reason or '?'})"
+    return True, f"JobState={state} Reason={reason or '?'}"
+
+
 def requeue_job(job_id: str, scontrol: str = "scontrol", timeout: float = 60.0) -> bool:
-    """Ask Slurm to requeue `job_id`; True on success, False (logged) otherwise."""
+    """Ask Slurm to requeue `job_id`, unless its user cancelled it; True if requeued.
+
+    False (logged) when the job was cancelled or the requeue failed.
+    """
     exe = shutil.which(scontrol)
     if exe is None:
         log.warning("cannot requeue job %s: %s not found", job_id, scontrol)
+        return False
+    try:
+        shown = subprocess.run([exe, "show", "job", "-o", str(job_id)], capture_output=True,
+                               text=True, timeout=timeout, check=False)
+        show = shown.stdout if shown.returncode == 0 else ""
+    except subprocess.TimeoutExpired:
+        show = ""
+    wanted, why = requeue_wanted(show)
+    if not wanted:
+        log.warning("not requeueing job %s: %s", job_id, why)
         return False
     try:
         done = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True,

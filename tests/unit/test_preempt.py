@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from hpcdp.preempt import Preemption, requeue_job, signal_number
+from hpcdp.preempt import Preemption, job_fields, requeue_job, requeue_wanted, signal_number
 
 
 def test_signal_names() -> None:
@@ -55,3 +55,39 @@ def test_requeue_returns_exit_status(tmp_path) -> None:
     ok.chmod(0o755)
     assert requeue_job("42", scontrol=str(ok)) is True
     assert requeue_job("41", scontrol=str(ok)) is False
+
+
+@pytest.mark.parametrize(
+    ("show", "wanted"),
+    [
+        # As measured from inside a job on Slurm 22.05 (`scontrol show job -o ID`).
+        ("JobId=7 JobName=t UserId=root(0) JobState=COMPLETING Reason=None Dependency=(null)",
+         False),  # the user's scancel
+        ("JobId=7 JobState=CANCELLED Reason=None", False),
+        ("JobId=7 JobState=COMPLETING Reason=TimeLimit Dependency=(null)", True),
+        ("JobId=7 JobState=COMPLETING Reason=Preempted", True),
+        ("JobId=7 JobName=t JobState=RUNNING Reason=None", True),  # --signal=USR1 warning
+        ("", True),  # scontrol unreachable: the signal most likely was the warning
+    ],
+)
+def test_requeue_decision(show: str, wanted: bool) -> None:
+    got, why = requeue_wanted(show)
+    assert got is wanted, why
+    if not wanted:
+        assert "cancelled" in why
+
+
+def test_job_fields_takes_first_value() -> None:
+    f = job_fields("JobId=1 JobState=RUNNING Reason=None Comment=a=b JobState=X")
+    assert f["JobState"] == "RUNNING" and f["Reason"] == "None" and f["Comment"] == "a=b"
+
+
+def test_cancelled_job_is_not_requeued(tmp_path) -> None:
+    fake = tmp_path / "scontrol"
+    log = tmp_path / "calls"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
+                    "[ \"$1\" = show ] && echo 'JobId=5 JobState=COMPLETING Reason=None'\n"
+                    "exit 0\n")
+    fake.chmod(0o755)
+    assert requeue_job("5", scontrol=str(fake)) is False
+    assert log.read_text().splitlines() == ["show job -o 5"]
