@@ -450,7 +450,7 @@ def train(cfg: Config) -> int:
             requeued = ""
             if root and stop_reason == "preempted" and job and cfg.preempt.requeue:
                 requeued = (f", requeued job {job}" if requeue_job(job)
-                            else f", requeue of job {job} FAILED")
+                            else f", job {job} not requeued (see the warning above)")
             rep.info(f"{stop_reason} at step {step}: checkpoint written to {final}{requeued}")
             rep.close()
             return 0  # readers stay open: see exit_after_horovod
