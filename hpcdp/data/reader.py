@@ -412,10 +412,26 @@ class ShardedReader:
         plan = self._plan()
         items = self._batches(plan)
         source: Prefetcher | Inline = (
-            Prefetcher(items, self.prefetch) if self.prefetch else Inline(items)
+            Prefetcher(items, self.prefetch) if self._threaded() else Inline(items)
         )
         self._active = source
         return self._consume(source, plan)
+
+    def _threaded(self) -> bool:
+        """Whether to build batches in a prefetch thread, `prefetch` batches ahead.
+
+        The thread hides HDF5 reads, a transform or pinning behind the consumer's
+        compute. From the mapped file without a transform or pinning there is nothing
+        left to hide: the kernel already reads a window ahead, and a batch costs one
+        copy at memory speed (about 0.1 ms per 768 KiB), less than handing it over
+        between threads (measured: 0.27-0.30 of raw slab reads with the thread,
+        0.40-0.50 without).
+        """
+        if not self.prefetch:
+            return False
+        if self.transform is not None or (self.pin_memory and torch.cuda.is_available()):
+            return True
+        return not self.mapped
 
     def _consume(
         self, source: Prefetcher | Inline, plan: Plan

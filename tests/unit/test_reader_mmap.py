@@ -151,6 +151,7 @@ def test_row_map_reads_rows_and_unmaps(tmp_path: Path) -> None:
         pick = np.array([99, 0, 50, 7, 6])
         got = rows.gather(rows.offsets(pick)).view(np.uint8).reshape(len(pick), 5)
         np.testing.assert_array_equal(got, f["x"][np.sort(pick)][np.argsort(np.argsort(pick))])
+        assert rows._cached(0)  # just read: the probe must see the first page cached
         rows.advise([(0, 100)], mmap.MADV_WILLNEED)  # hints only: no error, no change
         rows.advise([(3, 40)], mmap.MADV_DONTNEED)
         again = rows.gather(rows.offsets(pick)).view(np.uint8).reshape(len(pick), 5)
