@@ -1,0 +1,133 @@
+"""The yardstick for `hpcdp bench train`: plain torch DistributedDataParallel over gloo.
+
+Same model, same HDF5 data through the same ShardedReader, same per-rank batch,
+same optimizer and one compute thread per rank as hpcdp's training, so that the
+only difference left is the communication layer (DDP's bucketed gloo all-reduce
+against Horovod's). Started as plain processes (no MPI launcher) with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by the parent (`launch`).
+
+Rank 0 writes JSON: samples/s over all ranks after the warm-up steps, and the
+mean step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hpcdp.bench.ddp_reference")
+    p.add_argument("--data", required=True, help="folder holding train.h5")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--width", type=int, default=0)
+    p.add_argument("--cifar-stem", action="store_true")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--batch", type=int, default=32, help="per rank")
+    p.add_argument("--steps", type=int, default=40, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--json", required=True, help="rank 0 writes its result here")
+    return p.parse_args(argv)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: DDP training for warmup + steps optimizer steps, timed after the warm-up."""
+    import torch
+    import torch.distributed as torch_dist
+    import torch.nn.functional as F
+
+    from hpcdp.data.reader import ShardedReader
+    from hpcdp.models import build_model
+
+    torch.set_num_threads(1)
+    torch_dist.init_process_group("gloo")
+    rank, size = torch_dist.get_rank(), torch_dist.get_world_size()
+    reader = ShardedReader(Path(args.data) / "train.h5", batch_size=args.batch, rank=rank,
+                           world_size=size, seed=0)
+    torch.manual_seed(0)
+    model = build_model(args.model, reader.sample_shape, args.classes, args.width,
+                        args.cifar_stem)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    # The same peak learning rate hpcdp uses: scaled by the number of ranks.
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * size, momentum=0.9)
+    total = args.warmup + args.steps
+    done, epoch, start = 0, 0, 0.0
+    while done < total:
+        reader.set_epoch(epoch)
+        for xb, yb in reader:
+            if done == args.warmup:
+                torch_dist.barrier()
+                start = time.perf_counter()
+            x = xb.float() / 255.0 if not torch.is_floating_point(xb) else xb
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), yb)
+            loss.backward()  # DDP all-reduces the gradient buckets here
+            opt.step()
+            done += 1
+            if done == total:
+                break
+        epoch += 1
+    torch_dist.barrier()
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        result = {"world_size": size, "steps": args.steps, "batch": args.batch,
+                  "seconds": seconds, "samples_per_s": args.steps * args.batch * size / seconds,
+                  "step_ms": 1000 * seconds / args.steps}
+        Path(args.json).write_text(json.dumps(result) + "\n")
+    torch_dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(worker_args: Sequence[str], np: int, timeout: float) -> tuple[bool, str]:
+    """Start `np` ranks as plain processes; kill them all at `timeout`. Returns (ok, output)."""
+    from hpcdp.launcher import kill_group
+
+    root = str(Path(__file__).resolve().parents[2])
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                WORLD_SIZE=str(np), OMP_NUM_THREADS="1", HDF5_USE_FILE_LOCKING="FALSE",
+                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    procs = [subprocess.Popen([sys.executable, "-m", "hpcdp.bench.ddp_reference", *worker_args],
+                              env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for r in range(np)]
+    deadline = time.monotonic() + timeout
+    outputs, ok = [], True
+    for r, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                kill_group(other.pid, grace=1.0)
+            out, _ = proc.communicate()
+            out += f"\n[ddp_reference] killed after the {timeout:.0f}s bound\n"
+        ok = ok and proc.returncode == 0
+        outputs.append(f"--- rank {r} (exit {proc.returncode})\n{out}")
+    for proc in procs:
+        kill_group(proc.pid, grace=0.0)
+    return ok, "\n".join(outputs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    worker(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # h5py's teardown after parallel HDF5 can crash at exit; outputs are written already.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

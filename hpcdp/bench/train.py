@@ -1,0 +1,321 @@
+"""`hpcdp bench train`: weak scaling of real training, 1 rank against 2, and a DDP yardstick.
+
+Every figure comes from real runs of `python -m hpcdp.train` under mpirun with
+hpcdp's Horovod settings (the launcher's environment plus the config's
+horovod.* keys, exactly as training runs): samples/s after the warm-up windows
+and the step time split into data, compute and communication, from the runs'
+metrics.jsonl. Rounds alternate the order of the runs so that load from
+elsewhere on a shared machine falls on every configuration alike; the median
+over rounds is reported. A plain torch DistributedDataParallel (gloo) run on
+the same model, data and batch (hpcdp.bench.ddp_reference) is the reference
+that hpcdp must not trail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcdp.bench import common
+
+MODELS = ("digits_cnn", "resnet18")
+DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.toml"
+TARGET_EFFICIENCY = 0.9
+TARGET_DATA_SHARE = 0.05
+TARGET_VS_DDP = 1.0
+
+
+# --------------------------------------------------------------------------- pure math
+
+
+def efficiency(one_rank: float, many_ranks: float, ranks: int = 2) -> float:
+    """Weak-scaling efficiency: n-rank samples/s over n times the 1-rank samples/s."""
+    if one_rank <= 0 or ranks < 1:
+        raise ValueError(f"need a positive 1-rank rate and rank count, got {one_rank}, {ranks}")
+    return many_ranks / (ranks * one_rank)
+
+
+def shares(step_ms: float, data_ms: float, compute_ms: float, comm_ms: float) -> dict[str, float]:
+    """Each part's fraction of the wall time of a step; 'other' is what no part accounts for."""
+    if step_ms <= 0:
+        raise ValueError(f"step time must be positive, got {step_ms}")
+    parts = {"data": data_ms / step_ms, "compute": compute_ms / step_ms, "comm": comm_ms / step_ms}
+    parts["other"] = max(0.0, 1.0 - sum(parts.values()))
+    return parts
+
+
+def steady_state(records: Sequence[Mapping[str, Any]], warmup_steps: int) -> dict[str, float]:
+    """Samples/s and per-step times over the training windows after `warmup_steps`.
+
+    Each 'train' record of metrics.jsonl covers the steps since the previous
+    one; windows are weighted by their step count (the total samples over the
+    total wall time, not a mean of rates).
+    """
+    train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
+    wall = samples = data = compute = comm = 0.0
+    steps, prev = 0, 0
+    for rec in train:
+        n = int(rec["step"]) - prev
+        prev = int(rec["step"])
+        if rec["step"] <= warmup_steps or n <= 0:
+            continue
+        seconds = rec["step_ms"] * n / 1000
+        wall += seconds
+        samples += rec["samples_per_s"] * seconds
+        data += rec["data_ms"] * n
+        compute += rec["compute_ms"] * n
+        comm += rec["comm_ms"] * n
+        steps += n
+    if steps == 0:
+        raise ValueError(f"no training window after the first {warmup_steps} steps "
+                         f"(records up to step {prev}); run more steps")
+    return {"samples_per_s": samples / wall, "step_ms": 1000 * wall / steps,
+            "data_ms": data / steps, "compute_ms": compute / steps, "comm_ms": comm / steps,
+            "steps": steps}
+
+
+def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]],
+              ranks: int = 2) -> dict[str, dict[str, Any]]:
+    """Per model: medians over rounds, efficiency, the multi-rank split, the ratio to DDP."""
+    out: dict[str, dict[str, Any]] = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        one = [r for r in runs if r["model"] == model and r["np"] == 1]
+        many = [r for r in runs if r["model"] == model and r["np"] == ranks]
+        ref = [d["samples_per_s"] for d in ddp if d["model"] == model]
+        if not one or not many:
+            raise ValueError(f"{model}: need runs on 1 and {ranks} ranks")
+        r1 = common.median(r["samples_per_s"] for r in one)
+        rn = common.median(r["samples_per_s"] for r in many)
+        split = {k: common.median(r[k] for r in many)
+                 for k in ("step_ms", "data_ms", "compute_ms", "comm_ms")}
+        share = shares(split["step_ms"], split["data_ms"], split["compute_ms"], split["comm_ms"])
+        ddp_rate = common.median(ref) if ref else None
+        out[model] = {
+            "samples_per_s_1": r1, f"samples_per_s_{ranks}": rn,
+            "efficiency": efficiency(r1, rn, ranks), **split, "shares": share,
+            f"ddp_samples_per_s_{ranks}": ddp_rate,
+            "vs_ddp": rn / ddp_rate if ddp_rate else None,
+        }
+    return out
+
+
+def checks(summary: Mapping[str, Mapping[str, Any]], model: str = "resnet18") -> dict[str, bool]:
+    """The issue's targets, for the model they are set on (when it was measured)."""
+    s = summary.get(model)
+    if s is None:
+        return {}
+    found = {f"{model} efficiency >= {TARGET_EFFICIENCY:.0%}":
+             s["efficiency"] >= TARGET_EFFICIENCY,
+             f"{model} data share < {TARGET_DATA_SHARE:.0%}":
+             s["shares"]["data"] < TARGET_DATA_SHARE}
+    if s.get("vs_ddp") is not None:
+        found[f"{model} not slower than DDP (gloo)"] = s["vs_ddp"] >= TARGET_VS_DDP
+    return found
+
+
+def table(summary: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> str:
+    rows = []
+    for model, s in summary.items():
+        sh = s["shares"]
+        rows.append([model, s["samples_per_s_1"], s[f"samples_per_s_{ranks}"],
+                     f"{s['efficiency']:.0%}", f"{sh['data']:.1%}", f"{sh['compute']:.0%}",
+                     f"{sh['comm']:.0%}", s[f"ddp_samples_per_s_{ranks}"],
+                     None if s["vs_ddp"] is None else f"{s['vs_ddp']:.2f}"])
+    headers = ["model", "1 rank/s", f"{ranks} ranks/s", "efficiency", "data", "compute", "comm",
+               f"DDP {ranks}/s", "hpcdp/DDP"]
+    return common.format_table(headers, rows)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _pythonpath_env() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[2])
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
+def prepare_data(root: Path, samples: int, timeout: float) -> dict[str, Path]:
+    """The digits and a synthetic CIFAR-shaped dataset, written once for every run."""
+    recipes = {
+        "digits_cnn": ["digits"],
+        "resnet18": ["synthetic", "--samples", str(samples), "--val-samples", "256",
+                     "--shape", "3,32,32", "--dtype", "uint8", "--classes", "10"],
+    }
+    paths = {}
+    for model, recipe in recipes.items():
+        out = root / model
+        cmd = [sys.executable, "-m", "hpcdp.data.prep", *recipe, "--out", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **_pythonpath_env()})
+        if done.returncode:
+            raise common.BenchError(f"preparing {out} failed:\n{done.stdout}{done.stderr}")
+        paths[model] = out
+    return paths
+
+
+def train_overrides(model: str, data: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
+    """`hpcdp train` arguments: a fixed step count, windows of `warmup` steps, no extra output."""
+    argv = [] if model != "digits_cnn" else ["--config", str(DIGITS_CONFIG)]
+    argv += [f"data.path={data}", f"run.dir={run_dir}", f"model.name={model}",
+             f"data.batch_size={args.batch}", f"run.max_steps={args.warmup + args.steps}",
+             "run.epochs=100000", f"log.every_steps={args.window}", "log.tensorboard=false",
+             "log.progress=false", "checkpoint.resume=none", "checkpoint.every_steps=0",
+             "checkpoint.keep=1"]
+    if model == "resnet18":
+        argv += [f"model.width={args.width}", f"model.cifar_stem={str(args.cifar_stem).lower()}"]
+    return argv + list(args.set)
+
+
+def run_training(model: str, data: Path, np: int, run_dir: Path,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    """One real training run on `np` ranks; its steady-state figures."""
+    from hpcdp.launcher import run_ranks
+    from hpcdp.metrics import read_jsonl
+
+    argv = [sys.executable, "-m", "hpcdp.train", *train_overrides(model, data, run_dir, args)]
+    run = run_ranks(argv, np=np, launcher="mpirun", timeout=args.timeout, env=_pythonpath_env())
+    if not run.ok:
+        raise common.BenchError(f"{model} on {np} rank(s) failed:\n{run.describe()[-6000:]}")
+    figures = steady_state(read_jsonl(run_dir / "metrics.jsonl"), args.warmup)
+    return {"model": model, "np": np, **figures, "wall_seconds": run.seconds}
+
+
+def run_ddp(model: str, data: Path, np: int, json_path: Path,
+            args: argparse.Namespace) -> dict[str, Any]:
+    from hpcdp.bench import ddp_reference
+
+    wargs = ["--data", str(data), "--model", model, "--batch", str(args.batch),
+             "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(json_path)]
+    if model == "resnet18":
+        wargs += ["--width", str(args.width)] + (["--cifar-stem"] if args.cifar_stem else [])
+    ok, output = ddp_reference.launch(wargs, np, args.timeout)
+    if not ok:
+        raise common.BenchError(f"DDP reference for {model} failed:\n{output[-6000:]}")
+    return {"model": model, "np": np, **common.read_json(json_path)}
+
+
+def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -> Path:
+    """Left: samples/s (1 rank x n as the ideal, n ranks, DDP). Right: the step-time split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(summary)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    bars = {f"{ranks} x 1 rank (ideal)": [ranks * summary[m]["samples_per_s_1"] for m in models],
+            f"hpcdp, {ranks} ranks": [summary[m][f"samples_per_s_{ranks}"] for m in models],
+            f"DDP gloo, {ranks} ranks": [summary[m][f"ddp_samples_per_s_{ranks}"] or 0.0
+                                         for m in models]}
+    width = 0.8 / len(bars)
+    for i, (label, values) in enumerate(bars.items()):
+        ax1.bar([j + i * width for j in range(len(models))], values, width, label=label)
+    ax1.set_xticks([j + width for j in range(len(models))], models)
+    ax1.set_ylabel("samples/s (all ranks)")
+    ax1.set_title("weak scaling")
+    ax1.legend(fontsize=8)
+    bottom = [0.0] * len(models)
+    for part in ("data", "compute", "comm", "other"):
+        values = [summary[m]["shares"][part] for m in models]
+        ax2.bar(models, values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax2.set_ylabel(f"share of step time, {ranks} ranks")
+    ax2.set_title("where a step goes")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hpcdp bench train", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS), help="comma list of digits_cnn,resnet18")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per run, after the warm-up")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out at the start")
+    p.add_argument("--window", type=int, default=10,
+                   help="steps per metrics window (log.every_steps); divides warmup and steps")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of alternating runs (median)")
+    p.add_argument("--batch", type=int, default=32, help="per rank")
+    p.add_argument("--width", type=int, default=32, help="ResNet-18 width (first stage)")
+    p.add_argument("--cifar-stem", action="store_true",
+                   help="ResNet-18 with the 3x3 CIFAR stem (about 16x the compute per sample)")
+    p.add_argument("--samples", type=int, default=4096, help="synthetic training samples")
+    p.add_argument("--no-ddp", action="store_true", help="skip the DDP reference")
+    p.add_argument("--set", action="append", default=[], metavar="section.key=value",
+                   help="extra `hpcdp train` override for every run (e.g. preempt.check_every=10)")
+    p.add_argument("--timeout", type=float, default=300.0, help="bound per launch, seconds")
+    p.add_argument("--out", default="bench/results", help="folder for train.json/.png")
+    p.add_argument("--name", default="train", help="file stem of the outputs")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in args.models if m not in MODELS]
+    if bad or not args.models:
+        p.error(f"--models: unknown {bad}; choose from {', '.join(MODELS)}")
+    if min(args.steps, args.window, args.batch, args.rounds) < 1 or args.warmup < 0:
+        p.error("--steps, --window, --batch and --rounds must be positive, --warmup >= 0")
+    if args.warmup % args.window or args.steps % args.window:
+        p.error(f"--window {args.window} must divide --warmup {args.warmup} "
+                f"and --steps {args.steps}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    runs: list[dict[str, Any]] = []
+    ddp: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-train-") as tmp:
+        work = Path(tmp)
+        try:
+            data = prepare_data(work / "data", args.samples, args.timeout)
+            for rnd in range(args.rounds):
+                for model in args.models:
+                    order = (1, 2) if rnd % 2 == 0 else (2, 1)
+                    for np in order:
+                        run_dir = work / f"{model}-np{np}-r{rnd}"
+                        runs.append({"round": rnd, **run_training(model, data[model], np,
+                                                                  run_dir, args)})
+                        print(f"round {rnd} {model} {np} rank(s): "
+                              f"{runs[-1]['samples_per_s']:.1f} samples/s", flush=True)
+                    if not args.no_ddp:
+                        ddp.append({"round": rnd, **run_ddp(model, data[model], 2,
+                                                            work / f"ddp-{model}-{rnd}.json",
+                                                            args)})
+                        print(f"round {rnd} {model} DDP 2 ranks: "
+                              f"{ddp[-1]['samples_per_s']:.1f} samples/s", flush=True)
+        except (common.BenchError, subprocess.TimeoutExpired, ValueError,
+                FileNotFoundError) as err:
+            print(f"hpcdp bench train: {err}", file=sys.stderr)
+            return 1
+    summary = summarize(runs, ddp)
+    verdict = checks(summary)
+    print(f"\nweak scaling, 1 vs 2 ranks (mpirun, one thread per rank), batch {args.batch}/rank, "
+          f"{args.steps} steps after {args.warmup} warm-up, median of {args.rounds} round(s); "
+          f"shares of the 2-rank step time")
+    print(table(summary))
+    for name, ok in verdict.items():
+        print(f"  {'met ' if ok else 'MISSED'}  {name}")
+    payload = {
+        "benchmark": "train",
+        "params": {k: v for k, v in vars(args).items() if k not in ("out", "name")},
+        "targets": {"efficiency": TARGET_EFFICIENCY, "data_share": TARGET_DATA_SHARE,
+                    "vs_ddp": TARGET_VS_DDP},
+        "runs": runs, "ddp": ddp,
+        "summary": {**summary, "checks": verdict},
+    }
+    print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
+    if not args.no_plot:
+        print(f"wrote {plot(summary, out / f'{args.name}.png')}")
+    finite = all(math.isfinite(s["efficiency"]) for s in summary.values())
+    return 1 if (args.check and not all(verdict.values())) or not finite else 0
