@@ -1,9 +1,19 @@
-"""`hpcdp bench <what>`: each benchmark is a module here with `main(argv) -> int`."""
+"""`hpcdp bench <what>`: each benchmark is a module here with `main(argv) -> int`.
+
+`hpcdp bench all --out DIR` runs every one in turn with its default sizes, each
+writing its JSON (and PNG) into DIR, then prints one table of the targets.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 BENCHMARKS: dict[str, str] = {
     "allreduce": "all-reduce bandwidth: Horovod (MPI, Gloo) vs raw mpi4py vs memcpy",
@@ -12,6 +22,74 @@ BENCHMARKS: dict[str, str] = {
     "prep": "parallel dataset preparation, 1 rank vs 2 ranks",
     "train": "weak scaling of real training, 1 vs 2 ranks, step-time split",
 }
+ALLREDUCE_TARGET = 0.8  # Horovod's bus bandwidth over raw MPI's at the largest size
+
+
+def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) rows from one benchmark's JSON; pure, for the summary table."""
+    summary = result.get("summary") or {}
+    rows: list[tuple[str, str, bool]] = []
+    if name == "train":
+        for model, s in summary.items():
+            if model == "checks":
+                continue
+            rows.append((f"{model}: efficiency >= 90%", f"{s['efficiency']:.0%}",
+                         s["efficiency"] >= 0.9))
+            rows.append((f"{model}: data share < 5%", f"{s['shares']['data']:.1%}",
+                         s["shares"]["data"] < 0.05))
+            if s.get("vs_ddp") is not None:
+                rows.append((f"{model}: hpcdp/DDP >= 1", f"{s['vs_ddp']:.2f}",
+                             s["vs_ddp"] >= 1.0))
+        return rows
+    if name == "allreduce":
+        hvd = [r for r in result.get("rows", []) if r.get("vs_mpi") is not None]
+        if hvd:
+            top = max(r["bytes"] for r in hvd)
+            for r in (r for r in hvd if r["bytes"] == top):
+                rows.append((f"{r['config']}/{r['column']} >= {ALLREDUCE_TARGET:.0%} of raw MPI "
+                             f"({top} B)", f"{r['vs_mpi']:.0%}", r["vs_mpi"] >= ALLREDUCE_TARGET))
+        return rows
+    if name == "fusion":
+        gain = result.get("speedup")
+        if gain is not None:
+            rows.append(("fusion on faster than off", f"{gain:.2f}x", gain >= 1.0))
+        return rows
+    if name == "prep" and "speedup_2_over_1" in summary:
+        return [("prep: 2 ranks not slower than 1", f"{summary['speedup_2_over_1']:.2f}x",
+                 summary["speedup_2_over_1"] >= 1.0)]
+    return [(check, "-", bool(ok)) for check, ok in (summary.get("checks") or {}).items()]
+
+
+def run_all(argv: list[str]) -> int:
+    """Every benchmark in turn into one folder, then the table of targets."""
+    from hpcdp.bench.common import format_table
+
+    p = argparse.ArgumentParser(prog="hpcdp bench all")
+    p.add_argument("--out", default="bench/results", help="folder for every JSON and PNG")
+    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"--only: unknown {unknown}; choose from {', '.join(BENCHMARKS)}")
+    out = Path(args.out)
+    rows: list[list[Any]] = []
+    failed = []
+    for name in names:
+        print(f"\n=== hpcdp bench {name} ===", flush=True)
+        start = time.monotonic()
+        code = int(importlib.import_module(f"hpcdp.bench.{name}").main(["--out", str(out)]) or 0)
+        print(f"=== {name}: exit {code} after {time.monotonic() - start:.0f}s ===", flush=True)
+        path = out / f"{name}.json"
+        if code or not path.exists():
+            failed.append(name)
+            rows.append([name, "benchmark failed", "-", "no"])
+            continue
+        for target, measured, ok in targets(name, json.loads(path.read_text())):
+            rows.append([name, target, measured, "yes" if ok else "NO"])
+    print("\nTargets (each benchmark's figures are in its JSON and PNG under "
+          f"{out}):\n" + format_table(["benchmark", "target", "measured", "met"], rows))
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,11 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: hpcdp bench <what> [options]\n\nbenchmarks:")
         for name, help_ in BENCHMARKS.items():
             print(f"  {name:<10} {help_}")
+        print(f"  {'all':<10} every benchmark in turn into --out DIR, then a table of targets")
         return 0
     name = args[0]
+    if name == "all":
+        return run_all(args[1:])
     if name not in BENCHMARKS:
         print(
-            f"hpcdp bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",
+            f"hpcdp bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}, all",
             file=sys.stderr,
         )
         return 2

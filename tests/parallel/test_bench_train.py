@@ -1,0 +1,59 @@
+"""`hpcdp bench train` end to end: real training runs on 1 and 2 ranks and the DDP reference.
+
+Tiny settings (a narrow ResNet-18, few steps, one round): this checks the
+plumbing and the shape of the results, not the speed targets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hpcdp.bench import main as bench_main
+
+pytestmark = pytest.mark.parallel
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
+    argv = ["train", "--models", "digits_cnn,resnet18", "--steps", "4", "--warmup", "2",
+            "--window", "2", "--rounds", "1", "--width", "4", "--samples", "512",
+            "--timeout", "120", "--out", str(tmp_path)]
+    assert bench_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hpcdp/DDP" in printed and "efficiency" in printed
+    result = json.loads((tmp_path / "train.json").read_text())
+    assert (tmp_path / "train.png").stat().st_size > 1000
+    assert result["benchmark"] == "train" and "loadavg" in result["meta"]
+    assert sorted((r["model"], r["np"]) for r in result["runs"]) == [
+        ("digits_cnn", 1), ("digits_cnn", 2), ("resnet18", 1), ("resnet18", 2)]
+    for run in result["runs"]:
+        assert run["steps"] == 4  # the warm-up window left out
+        for key in ("samples_per_s", "step_ms", "compute_ms", "comm_ms"):
+            assert _positive(run[key]), (key, run)
+        assert run["data_ms"] >= 0 and run["comm_ms"] < run["step_ms"]
+    assert [d["world_size"] for d in result["ddp"]] == [2, 2]
+    summary = result["summary"]
+    for model in ("digits_cnn", "resnet18"):
+        s = summary[model]
+        for key in ("samples_per_s_1", "samples_per_s_2", "efficiency",
+                    "ddp_samples_per_s_2", "vs_ddp"):
+            assert _positive(s[key]), (model, key, s)
+        assert set(s["shares"]) == {"data", "compute", "comm", "other"}
+        assert all(0.0 <= v <= 1.0 for v in s["shares"].values()), s["shares"]
+    assert set(summary["checks"]) == {"resnet18 efficiency >= 90%", "resnet18 data share < 5%",
+                                      "resnet18 not slower than DDP (gloo)"}
+
+
+def test_bench_train_rejects_bad_options_before_running(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench_main(["train", "--models", "vgg", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench_main(["train", "--steps", "5", "--window", "2", "--out", str(tmp_path)])
+    assert not (tmp_path / "train.json").exists()

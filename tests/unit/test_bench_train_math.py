@@ -1,0 +1,79 @@
+"""The pure arithmetic of `hpcdp bench train` and of the `bench all` target table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hpcdp.bench import targets
+from hpcdp.bench.train import checks, efficiency, shares, steady_state, summarize
+
+
+def test_efficiency_is_the_weak_scaling_ratio() -> None:
+    assert efficiency(100.0, 200.0) == pytest.approx(1.0)
+    assert efficiency(170.0, 310.0) == pytest.approx(310 / 340)
+    assert efficiency(100.0, 300.0, ranks=4) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="positive"):
+        efficiency(0.0, 10.0)
+
+
+def test_shares_of_the_step_and_what_is_left_over() -> None:
+    s = shares(100.0, 2.0, 80.0, 10.0)
+    assert s["data"] == pytest.approx(0.02)
+    assert s["compute"] == pytest.approx(0.8)
+    assert s["comm"] == pytest.approx(0.1)
+    assert s["other"] == pytest.approx(0.08)
+    assert shares(10.0, 5.0, 5.0, 5.0)["other"] == 0.0  # overlapping timers never go negative
+    with pytest.raises(ValueError, match="step time"):
+        shares(0.0, 1.0, 1.0, 1.0)
+
+
+def _rec(step: int, step_ms: float, rate: float, data: float = 1.0) -> dict:
+    return {"kind": "train", "step": step, "step_ms": step_ms, "samples_per_s": rate,
+            "data_ms": data, "compute_ms": step_ms - 10, "comm_ms": 5.0}
+
+
+def test_steady_state_drops_warmup_and_weights_windows_by_steps() -> None:
+    records = [_rec(10, 1000.0, 10.0), _rec(20, 100.0, 640.0), _rec(40, 200.0, 320.0),
+               {"kind": "val", "step": 40, "loss": 1.0}]
+    s = steady_state(records, warmup_steps=10)
+    assert s["steps"] == 30
+    # 10 steps at 100 ms and 20 at 200 ms: 5 s for 64*30 samples.
+    assert s["step_ms"] == pytest.approx(5000 / 30)
+    assert s["samples_per_s"] == pytest.approx(64 * 30 / 5.0)
+    assert s["data_ms"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no training window"):
+        steady_state(records, warmup_steps=40)
+
+
+def test_summary_medians_ratios_and_checks() -> None:
+    runs = [{"model": "resnet18", "np": 1, "samples_per_s": v, "step_ms": 1, "data_ms": 0,
+             "compute_ms": 1, "comm_ms": 0} for v in (100.0, 170.0, 180.0)]
+    runs += [{"model": "resnet18", "np": 2, "samples_per_s": v, "step_ms": 200.0,
+              "data_ms": 2.0, "compute_ms": 180.0, "comm_ms": 15.0} for v in (300.0, 320.0)]
+    ddp = [{"model": "resnet18", "samples_per_s": 320.0}]
+    s = summarize(runs, ddp)["resnet18"]
+    assert s["samples_per_s_1"] == 170.0 and s["samples_per_s_2"] == 310.0
+    assert s["efficiency"] == pytest.approx(310 / 340)
+    assert s["vs_ddp"] == pytest.approx(310 / 320)
+    assert s["shares"]["data"] == pytest.approx(0.01)
+    verdict = checks({"resnet18": s})
+    assert verdict == {"resnet18 efficiency >= 90%": True, "resnet18 data share < 5%": True,
+                       "resnet18 not slower than DDP (gloo)": False}
+    rows = targets("train", {"summary": {"resnet18": s, "checks": verdict}})
+    assert [ok for _, _, ok in rows] == [True, True, False]
+    with pytest.raises(ValueError, match="need runs"):
+        summarize(runs[:3], ddp)
+
+
+def test_target_rows_of_the_other_benchmarks() -> None:
+    rows = targets("allreduce", {"rows": [
+        {"config": "mpi-hpcdp", "column": "hvd", "bytes": 4, "vs_mpi": 0.1},
+        {"config": "mpi-hpcdp", "column": "hvd", "bytes": 64, "vs_mpi": 0.85}]})
+    assert len(rows) == 1 and rows[0][2] is True and "64 B" in rows[0][0]
+    assert targets("fusion", {"speedup": 0.9})[0][2] is False
+    assert targets("prep", {"summary": {"speedup_2_over_1": 1.5, "checks": {}}})[0][2] is True
+    reader = targets("reader", {"summary": {"checks": {"a": True, "b": False}}})
+    assert [ok for _, _, ok in reader] == [True, False]
+    assert math.isfinite(efficiency(1.0, 1.0))
