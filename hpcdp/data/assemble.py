@@ -157,6 +157,7 @@ class RowMap:
             (size - sample_bytes + 1,), np.dtype((np.void, sample_bytes)), buffer=self._mm,
             strides=(1,))
         self._probe = ctypes.create_string_buffer(1)  # mincore's answer for one page
+        self._base = int(self._items.ctypes.data)  # the mapping's address, for mincore
 
     @classmethod
     def open(cls, path: str, dset: h5py.Dataset) -> RowMap | None:
@@ -214,7 +215,7 @@ class RowMap:
         """Whether the page at byte `at` (page-aligned) of the file is in the page cache."""
         if _MINCORE is None or self._items is None:
             return False
-        ok = _MINCORE(self._items.ctypes.data + at, mmap.PAGESIZE, self._probe) == 0
+        ok = _MINCORE(self._base + at, mmap.PAGESIZE, self._probe) == 0
         return ok and bool(self._probe.raw[0] & 1)
 
     def drop(self) -> None:
@@ -427,6 +428,21 @@ class Assembler:
         valid = (rel >= 0) & (rel < p.steps * u)  # not before a resume point, nor dropped
         return slot, valid, bool(valid.all())
 
+    def _window_slots(self, k: int, ws: int, we: int,
+                      first: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """`_slots` of every stream of window k, concatenated in stream order."""
+        p, u, b = self.plan, self.plan.per_stream, self.b
+        length = we - ws
+        perms = np.stack([pt.window_permutation(p.seed, p.epoch, v, k, length)
+                          for v in p.streams])
+        served = np.empty_like(perms)
+        np.put_along_axis(served, perms, np.arange(length)[None, :], axis=1)
+        rel = ws + served - p.position
+        stream = np.arange(len(p.streams))[:, None]
+        slot = (rel // u - first) * b + stream * u + rel % u
+        valid = (rel >= 0) & (rel < p.steps * u)
+        return slot.reshape(-1), valid.reshape(-1), bool(valid.all())
+
     def _window_runs(self, k: int) -> list[list[tuple[int, int]]]:
         """Each of this rank's streams' file row runs for window k, in read order."""
         p = self.plan
@@ -459,23 +475,23 @@ class Assembler:
             last = (hi - 1 - p.position) // u
             src = np.empty((nrows, b), np.int64)  # byte offset of each slot's sample
             lab = np.empty((nrows, b), np.int64) if self._labels is not None else None
-            flat_src, flat_lab = src.reshape(-1), (lab.reshape(-1) if lab is not None else None)
-            for i, (v, runs) in enumerate(zip(p.streams, here, strict=True)):
-                slot, valid, every = self._slots(i, v, k, ws, we, first)
-                offsets = rows.offsets(pt.runs_to_indices(runs))
-                labels = None
-                if self._labels is not None:
-                    labels = np.empty(we - ws, np.int64)
-                    at = 0
-                    for start, stop in runs:
-                        self._labels.read(start, stop, labels[at : at + stop - start])
-                        at += stop - start
-                if not every:
-                    slot, offsets = slot[valid], offsets[valid]
-                    labels = labels[valid] if labels is not None else None
-                flat_src[slot] = offsets
-                if flat_lab is not None:
-                    flat_lab[slot] = labels
+            # All streams at once (they share the window bounds): few, larger numpy calls.
+            slot, valid, every = self._window_slots(k, ws, we, first)
+            flat = [r for runs in here for r in runs]
+            offsets = rows.offsets(pt.runs_to_indices(flat))
+            labels = None
+            if self._labels is not None:
+                labels = np.empty(len(offsets), np.int64)
+                at = 0
+                for start, stop in flat:
+                    self._labels.read(start, stop, labels[at : at + stop - start])
+                    at += stop - start
+            if not every:
+                slot, offsets = slot[valid], offsets[valid]
+                labels = labels[valid] if labels is not None else None
+            src.reshape(-1)[slot] = offsets
+            if lab is not None:
+                lab.reshape(-1)[slot] = labels
             head = lo - (p.position + first * u)
             if head and prev is not None:
                 src[0].reshape(n, u)[:, :head] = prev[0].reshape(n, u)[:, :head]
