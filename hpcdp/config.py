@@ -38,6 +38,8 @@ class RunConfig:
     stop_at_step: int = 0  # test hook: checkpoint and stop at this step as if preempted; 0: off
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU; uses a GradScaler)
     device: str = "auto"  # auto | cpu | cuda
+    on_nan: str = "stop"  # non-finite loss/gradients: stop (error, no save) | skip the update
+    step_timeout_s: float = 0.0  # abort the job when one step boundary takes longer; 0: off
 
 
 @dataclass
@@ -106,6 +108,8 @@ class HorovodConfig:
     op: str = "average"  # average | adasum
     gradient_predivide_factor: float = 1.0
     timeline: str = ""  # HOROVOD_TIMELINE file; relative paths are inside the run dir
+    stall_check_s: float = -1.0  # HOROVOD_STALL_CHECK_TIME_SECONDS (warn); negative: default
+    stall_shutdown_s: float = -1.0  # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; negative: default
 
 
 @dataclass
@@ -168,6 +172,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.precision": ("fp32", "bf16", "fp16"),
     "run.device": ("auto", "cpu", "cuda"),
+    "run.on_nan": ("stop", "skip"),
     "optim.name": ("sgd", "adamw"),
     "schedule.kind": ("cosine", "step", "constant"),
     "horovod.compression": ("none", "fp16"),
@@ -309,6 +314,7 @@ def validate(cfg: Config) -> None:
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
+        "run.step_timeout_s": cfg.run.step_timeout_s,
     }
     for key, value in non_negative.items():
         if value < 0:

@@ -36,6 +36,10 @@ def horovod_env(hc: HorovodConfig, run_dir: Path) -> dict[str, str]:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(hc.fusion_threshold_mb * 1024 * 1024))
     if hc.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
+    if hc.stall_check_s >= 0:
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = f"{hc.stall_check_s:g}"
+    if hc.stall_shutdown_s >= 0:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = f"{hc.stall_shutdown_s:g}"
     if hc.timeline:
         path = Path(hc.timeline)
         env["HOROVOD_TIMELINE"] = str(path if path.is_absolute() else run_dir / path)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from hpcdp import checkpoint as ckpt
 from hpcdp import config as cfgmod
+from hpcdp import faults
 from hpcdp import schedule as sched
 from hpcdp.config import Config, ConfigError
 from hpcdp.models import ModelError, check_name
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, print_only = parse_args(argv)
         check_name(cfg.model.name)
-    except (ConfigError, ModelError) as e:
+        faults.armed()  # a malformed HPCDP_FAULT fails here, on every rank alike
+    except (ConfigError, ModelError, faults.FaultError) as e:
         print(f"hpcdp train: error: {e}", file=sys.stderr, flush=True)
         return 2
     if print_only:
@@ -396,14 +398,21 @@ def train(cfg: Config) -> int:
         last_val: dict[str, float] = {}
         stop_reason = None
         model.train()
+        watchdog = None
+        if cfg.run.step_timeout_s > 0:
+            watchdog = faults.Watchdog(cfg.run.step_timeout_s, rank,
+                                       lambda: dist.abort_job(1)).start()
         while step < total_steps and stop_reason is None:
             reader.set_epoch(epoch)  # keeps the position when a resumed state is for this epoch
             it: Iterator[Any] = iter(reader)
             for _ in range(min(len(reader) // accum, total_steps - step)):
                 lr = schedule.lr(step)
+                if watchdog is not None:
+                    watchdog.beat(step)
+                nan = faults.inject(step, rank)
                 t_data, t_compute, t_comm = _train_step(
                     model, optimizer, scaler, it, lr, totals, cfg, device, adasum and size > 1,
-                    None if trace is None else (trace, epoch, step))
+                    None if trace is None else (trace, epoch, step), step=step, nan=nan)
                 step += 1
                 window.add(t_data, t_compute, t_comm, setup.batch * accum)
                 run_samples += setup.batch * accum
@@ -439,6 +448,8 @@ def train(cfg: Config) -> int:
                 excluded += window.exclude(time.perf_counter() - t0)
                 epoch += 1
         train_seconds = time.perf_counter() - loop_start - excluded
+        if watchdog is not None:
+            watchdog.stop()
 
         # The signal handlers stay until the process exits: a TERM that follows (Slurm
         # ends a requeued job that way) must not kill a rank that is finishing cleanly.
@@ -478,7 +489,8 @@ def train(cfg: Config) -> int:
 
 def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterator[Any],
                 lr: float, totals: torch.Tensor, cfg: Config, device: torch.device,
-                adasum: bool, trace: tuple[Any, int, int] | None) -> tuple[float, float, float]:
+                adasum: bool, trace: tuple[Any, int, int] | None, step: int = 0,
+                nan: bool = False) -> tuple[float, float, float]:
     """One optimizer step over `accum` batches; returns (data, compute, comm) seconds.
 
     Horovod all-reduces gradients during backward; `synchronize()` waits for what
@@ -501,6 +513,8 @@ def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterato
         with autocast(cfg, device):
             out = model(x)
             loss = F.cross_entropy(out.float(), y)
+            if nan:  # an injected fault (tests)
+                loss = faults.poison(loss)
         scaled = loss / accum
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
         with torch.no_grad():
@@ -512,18 +526,47 @@ def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterato
     t2 = time.perf_counter()
     if adasum:  # step() waits for the combined deltas and applies them
         optimizer.step()
+        if not _finite(p.data for p in model.parameters()):
+            raise _nonfinite(step, cfg, "weights after an Adasum step", can_skip=False)
         return t_data, t_compute, time.perf_counter() - t2
     optimizer.synchronize()
     t3 = time.perf_counter()
-    with optimizer.skip_synchronize():
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+    # Gradients are averaged over ranks by now, so one rank's NaN is on every rank:
+    # each decides alike without another collective. (A GradScaler skips such steps.)
+    finite = scaler is not None or _finite(
+        p.grad for p in model.parameters() if p.grad is not None)
+    if not finite:
+        if cfg.run.on_nan == "stop":
+            raise _nonfinite(step, cfg, "loss or gradients", can_skip=True)
+        log.warning(f"step {step}: non-finite loss or gradients on some rank; update skipped "
+                    "(run.on_nan='skip')")
+    if finite:
+        with optimizer.skip_synchronize():
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return t_data, t_compute + time.perf_counter() - t3, t3 - t2
+
+
+def _finite(tensors: Iterator[torch.Tensor]) -> bool:
+    """Whether every value is finite (one device sync for all tensors)."""
+    flags = [torch.isfinite(t).all() for t in tensors]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def _nonfinite(step: int, cfg: Config, what: str, can_skip: bool) -> Exception:
+    """The error every rank raises together when training produced NaN/inf (no save)."""
+    from hpcdp.dist import AgreedError
+
+    hint = " or set run.on_nan=skip to skip such updates" if can_skip else ""
+    return AgreedError(
+        f"step {step}: non-finite (NaN/inf) {what}; stopping without writing a checkpoint "
+        f"(run.on_nan={cfg.run.on_nan!r}). The checkpoints in {cfg.checkpoint_dir} are "
+        f"untouched: rerun to resume from the newest{hint}")
 
 
 def _report_window(rep: Any, window: Any, totals: torch.Tensor, step: int, total_steps: int,
@@ -555,20 +598,48 @@ def _optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
 def _save(cfg: Config, step: int, epoch: int, model: torch.nn.Module, optimizer: Any,
           scaler: Any, reader: Any, schedule: sched.Schedule, size: int, root: bool,
           hvd: Any) -> Path:
-    """Collective (RNG states gathered from every rank); rank 0 alone writes the file."""
+    """Collective (RNG states gathered from every rank); rank 0 alone writes the file.
+
+    A failed write (a full disk, a quota) stops the run on every rank with an error:
+    a job that cannot checkpoint would lose all further work at its time limit, so
+    it ends now, the previous checkpoint intact, for a rerun to resume from. Weights
+    that are not finite are never written.
+    """
+    from hpcdp import dist
+
     rngs = hvd.allgather_object(rng_state(), name="hpcdp.rng")
     path = ckpt.step_path(cfg.checkpoint_dir, step)
+    error = None
     if root:
-        state = {
-            "format": 1, "step": step, "epoch": epoch, "model_name": cfg.model.name,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "schedule": dataclasses.asdict(schedule),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "reader": reader.state_dict(), "rng": rngs, "config": cfg.to_dict(),
-            "world_size": size, "time": time.time(),
-        }
-        ckpt.save(cfg.checkpoint_dir, step, state, cfg.checkpoint.keep)
+        try:
+            _write_checkpoint(cfg, step, epoch, model, optimizer, scaler, reader, schedule,
+                              size, rngs)
+        except (OSError, ckpt.CheckpointError) as e:
+            found = ckpt.list_checkpoints(cfg.checkpoint_dir)
+            previous = f"the previous checkpoint {found[0][1]} is intact" if found else \
+                "there is no earlier checkpoint"
+            error = f"checkpoint {path} was not written ({e}); {previous}. " \
+                "Free space (or fix the folder) and rerun the same command to resume"
+    dist.agree(error, "save")
     return path
+
+
+def _write_checkpoint(cfg: Config, step: int, epoch: int, model: torch.nn.Module,
+                      optimizer: Any, scaler: Any, reader: Any, schedule: sched.Schedule,
+                      size: int, rngs: list[Any]) -> None:
+    """Rank 0: refuse non-finite weights, then write atomically."""
+    weights = model.state_dict()
+    if not _finite(t for t in weights.values() if t.is_floating_point()):
+        raise ckpt.CheckpointError("the model holds NaN/inf values")
+    state = {
+        "format": 1, "step": step, "epoch": epoch, "model_name": cfg.model.name,
+        "model": weights, "optimizer": optimizer.state_dict(),
+        "schedule": dataclasses.asdict(schedule),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "reader": reader.state_dict(), "rng": rngs, "config": cfg.to_dict(),
+        "world_size": size, "time": time.time(),
+    }
+    ckpt.save(cfg.checkpoint_dir, step, state, cfg.checkpoint.keep)
 
 
 def _load_state(state: dict[str, Any], model: torch.nn.Module, optimizer: Any, scaler: Any,
