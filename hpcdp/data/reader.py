@@ -14,9 +14,14 @@ next few steps and the reader allocates new windows instead of reusing them
 
 Batches from an uncompressed, unfiltered dataset are gathered straight from the
 file mapped read-only (`hpcdp.data.assemble.RowMap`): one copy per byte instead
-of two, and such batches are fresh arrays, not views. `mmap=False` or
-HPCDP_READER_MMAP=0 in the environment read through HDF5 instead; so does any
-dataset whose rows cannot be located in the file (compressed, filtered, ...).
+of two, and such batches are fresh arrays, not views. Memory is then the
+batches plus about one window of mapped file pages (dropped window by window;
+they stay in the page cache), and without a transform or pinning the batches
+are built in the consumer's thread (see `ShardedReader._threaded`). `mmap=False`
+or HPCDP_READER_MMAP=0 in the environment read through HDF5 instead; so does any
+dataset whose rows cannot be located in the file (compressed, filtered, a user
+block, byte-swapped, ...). Do not truncate or rewrite a file while a reader maps
+it: reading a page the file no longer has kills the process (SIGBUS).
 
 The file is opened (and mapped) lazily in the process that reads it, and again
 after a fork, so a reader can be handed to forked or spawned worker processes.
