@@ -152,6 +152,20 @@ def per_rank_batch(cfg: Config, size: int) -> int:
     return g // size
 
 
+def uneven_steps_error(steps_per_rank: list[int]) -> str | None:
+    """Why the ranks must not start when they would take different numbers of steps.
+
+    Every step ends in collectives; a rank that runs out of data first would leave
+    the others waiting forever. The sharded reader gives equal steps by construction;
+    this guards any other data source (pure, on what every rank gathered).
+    """
+    if len(set(steps_per_rank)) <= 1:
+        return None
+    listed = ", ".join(f"rank {r}: {n}" for r, n in enumerate(steps_per_rank))
+    return (f"the ranks would take different numbers of training steps per epoch ({listed}); "
+            "uneven data would hang the job at the first step one rank does not reach")
+
+
 # Readers live until the process ends (see exit_after_horovod): h5py's File.close
 # on them crashed intermittently at the end of multi-rank runs.
 _KEEP_OPEN: list[Any] = []
@@ -312,6 +326,10 @@ def train(cfg: Config) -> int:
         dist.agree(error, "setup")
         assert setup is not None
         reader, val_reader = setup.train_reader, setup.val_reader
+        uneven = uneven_steps_error(hvd.allgather_object(reader.steps_per_epoch,
+                                                         name="hpcdp.steps"))
+        if uneven:
+            raise dist.AgreedError(uneven)
         model = setup.model
         if cfg.model.sync_bn and size > 1:
             from hpcdp.models import convert_sync_batchnorm

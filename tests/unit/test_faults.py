@@ -60,3 +60,12 @@ def test_watchdog_fires_without_beats_and_not_with_them() -> None:
     assert not fired.is_set()
     assert fired.wait(3.0)  # no beats: it fires
     dog.stop()
+
+
+def test_uneven_steps_are_refused_before_training() -> None:
+    from hpcdp.train import uneven_steps_error
+
+    assert uneven_steps_error([10, 10, 10]) is None
+    assert uneven_steps_error([7]) is None
+    why = uneven_steps_error([10, 9])
+    assert why is not None and "rank 0: 10, rank 1: 9" in why and "hang" in why
