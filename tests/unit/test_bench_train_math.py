@@ -73,6 +73,8 @@ def test_target_rows_of_the_other_benchmarks() -> None:
         {"config": "mpi-hpcdp", "column": "hvd", "bytes": 64, "vs_mpi": 0.85}]})
     assert len(rows) == 1 and rows[0][2] is True and "64 B" in rows[0][0]
     assert targets("fusion", {"speedup": 0.9})[0][2] is False
+    assert targets("fusion", {"speedup": 1.6})[0][2] is False  # the issue asks for 2x
+    assert targets("fusion", {"speedup": 2.1})[0][2] is True
     assert targets("prep", {"summary": {"speedup_2_over_1": 1.5, "checks": {}}})[0][2] is True
     reader = targets("reader", {"summary": {"checks": {"a": True, "b": False}}})
     assert [ok for _, _, ok in reader] == [True, False]
