@@ -213,6 +213,13 @@ def plot_panels(
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
+    return _save_figure(fig, path)
+
+
+def _save_figure(fig, path: str | os.PathLike[str]) -> Path:
+    """Write `fig` as a PNG at `path` (parents made) and free it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -243,12 +250,7 @@ def plot_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return target
+    return _save_figure(fig, path)
 
 
 @dataclass(frozen=True)

@@ -217,19 +217,11 @@ def global_order(
 
     `stream_len` is the epoch's stream length (stored in a resume state); by
     default that of a fresh epoch with this global batch. Used by tests: the
-    result does not involve the world size at all.
+    result does not involve the world size at all: it is what one rank owning
+    every stream reads.
     """
-    per = check_virtual_shards(virtual_shards, global_batch)
-    if stream_len is None:
-        stream_len = stream_length(num_samples, global_batch, virtual_shards)
-    steps = steps_remaining(stream_len, position, per)
-    streams = [
-        stream_order(num_samples, block, seed, epoch, stream_len, v, window)[
-            position : position + steps * per
-        ].reshape(steps, per)
-        for v in range(virtual_shards)
-    ]
-    return np.concatenate(streams, axis=1) if streams else np.zeros((0, 0), dtype=np.int64)
+    return rank_order(num_samples, block, seed, epoch, global_batch, virtual_shards, window,
+                      rank=0, world_size=1, position=position, stream_len=stream_len)
 
 
 def rank_order(
