@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-unit test-parallel test-slurm lint demo bench doctor clean
+.PHONY: setup test test-unit test-parallel test-slurm lint demo bench doctor gpu-check clean
 
 setup:
 	bash scripts/setup-system.sh
@@ -42,6 +42,10 @@ bench: setup
 
 doctor: setup
 	$(VENV)/bin/hpcdp doctor
+
+## On a GPU node (Horovod built there with NCCL): the CUDA/NCCL paths, PASS/FAIL each.
+gpu-check: setup
+	VENV=$(VENV) bash scripts/gpu-check.sh
 
 clean:
 	rm -rf runs data bench/results .pytest_cache .ruff_cache

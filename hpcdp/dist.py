@@ -22,7 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.placement import device_index_for_local_rank
+from hpcdp.placement import RankPlacement, check_placement, device_index_for_local_rank
 
 
 class AgreedError(RuntimeError):
@@ -105,6 +105,33 @@ def identity(device: torch.device) -> dict[str, Any]:
 def print_identity(device: torch.device) -> None:
     """Exactly one `hpcdp-rank {json}` line per rank on stdout."""
     print("hpcdp-rank " + json.dumps(identity(device), sort_keys=True), flush=True)
+
+
+def placement(device: torch.device) -> RankPlacement:
+    """Where this rank runs; its GPU by UUID, so two indices of one GPU compare equal."""
+    gpu = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu = str(getattr(props, "uuid", "") or f"index {device.index}")
+    return RankPlacement(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                         socket.gethostname(), gpu)
+
+
+def placement_error(device: torch.device) -> str | None:
+    """Collective: why this job's ranks are placed wrongly (two on one GPU, say), or None.
+
+    One rank cannot see that a neighbour took the same GPU (each sees "one
+    visible GPU, use it"); gathered, the UUIDs show it. NCCL would otherwise
+    fail later with a less direct message, or the ranks would share the GPU.
+    """
+    problems = check_placement(hvd.allgather_object(placement(device), name="hpcdp.placement"))
+    if not problems:
+        return None
+    hint = ""
+    if any("bound to GPU" in p for p in problems):
+        hint = (": start at most one rank per GPU (fewer ranks per node, or give each rank "
+                "its own GPU, e.g. Slurm's --gpus-per-task=1 or CUDA_VISIBLE_DEVICES)")
+    return "; ".join(problems) + hint
 
 
 def is_root() -> bool:

@@ -313,6 +313,9 @@ def train(cfg: Config) -> int:
         except dist.AgreedError as e:
             device, error = torch.device("cpu"), str(e)
         dist.print_identity(device)
+        misplaced = dist.placement_error(device)  # collective: every rank reaches it
+        if error is None:
+            error = misplaced
         if error is None:
             try:
                 if cfg.run.precision == "fp16" and device.type != "cuda":
