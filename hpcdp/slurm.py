@@ -24,6 +24,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hpcdp.hvd_settings import RECOMMENDED
+
 # Signals hpcdp.preempt turns into checkpoint-and-requeue (its default preempt.signals).
 SIGNALS = ("USR1", "TERM")
 # Slurm stores the signal lead time in 16 bits.
@@ -174,7 +176,7 @@ export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$OMP_NUM_THREADS}"
 export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
 export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
-export HOROVOD_CYCLE_TIME="${HOROVOD_CYCLE_TIME:-10}"
+@HOROVOD_ENV@
 export PYTHONUNBUFFERED=1
 
 # Each rank keeps exactly one GPU of its node: the one at its local rank.
@@ -215,6 +217,11 @@ done
 log "ranks finished with exit status $status"
 exit "$status"
 """
+# Horovod's cycle time and fusion buffer as hvd_settings measured them (one source
+# for the launcher, the benchmarks and the batch scripts); a user's export wins.
+LAUNCH = LAUNCH.replace("@HOROVOD_ENV@", "\n".join(
+    f'export {name}="${{{name}:-{RECOMMENDED[name]}}}"'
+    for name in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")))
 
 
 def render(
