@@ -29,7 +29,7 @@ log() { echo "setup-python: $*"; }
 # A venv already set up from these very inputs needs nothing more: the stamp
 # holds a hash of the files and choices that decide what gets installed.
 stamp="$VENV/.hpcdp-setup"
-inputs_hash=$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)-${TORCH_REQ}-${HPCDP_GPU_OPS:-auto}
+inputs_hash=$(cat pyproject.toml "$0" "$(dirname "$0")/build-horovod.sh" | sha256sum | cut -c1-16)-${TORCH_REQ}-${HPCDP_GPU_OPS:-auto}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs_hash" ] \
    && "$VENV/bin/python" -c 'import horovod.torch, h5py, hpcdp' >/dev/null 2>&1; then
   log "$VENV is up to date (delete $stamp to force a reinstall)"
@@ -89,18 +89,9 @@ if ! ls "$hvddir"/horovod-*.whl >/dev/null 2>&1; then
   trap 'rm -rf "$work"' EXIT
   "${PIP[@]}" download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
   tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
-  src="$work/horovod-$HOROVOD_VERSION"
-  # PyTorch >= 2.1 headers require C++17; the release pins C++14.
-  grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$src" \
-    | xargs sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'
-  if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$src"; then
-    echo "setup-python: failed to patch Horovod's C++ standard" >&2; exit 1
-  fi
-  build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
-             HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS=-j"$(nproc)")
-  if [ "$gpu_ops" = NCCL ]; then build_env+=(HOROVOD_GPU_OPERATIONS=NCCL); fi
   mkdir -p "$hvddir.tmp"
-  env "${build_env[@]}" "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$hvddir.tmp" "$src"
+  SRC="$work/horovod-$HOROVOD_VERSION" PY="$PY" WHEELDIR="$hvddir.tmp" GPU_OPS="$gpu_ops" \
+    bash "$(dirname "$0")/build-horovod.sh"
   rm -rf "$hvddir"; mv "$hvddir.tmp" "$hvddir"
 fi
 if ! "$PY" -c 'import horovod.torch' >/dev/null 2>&1 \

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Build a Horovod 0.28.1 wheel from its unpacked source release, offline.
+#
+#   SRC=horovod-0.28.1 PY=.venv/bin/python WHEELDIR=out GPU_OPS=auto bash scripts/build-horovod.sh
+#
+# Called by setup-python.sh (which downloads the source release) and usable on
+# its own on a node that cannot reach a package index. What it does:
+# - PyTorch >= 2.1 headers need C++17; the release pins C++14: every
+#   `CMAKE_CXX_STANDARD 14` becomes 17 (the one source patch).
+# - CMake >= 4 refuses the bundled Gloo's cmake_minimum_required(2.8.12):
+#   CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake 3.x ignores it).
+# - Controllers: MPI when mpicc is found (HPCDP_HVD_MPI=0 to leave it out), and
+#   Gloo always.
+# - GPU_OPS: NCCL | none | auto (NCCL when nvcc is found and torch is a CUDA
+#   build). With NCCL: CUDA code only for the GPU architectures torch itself was
+#   built for (CUDA 13 dropped the old ones in Horovod's default list; override
+#   with HOROVOD_BUILD_CUDA_CC_LIST), and NCCL from the system (HOROVOD_NCCL_HOME,
+#   or the CUDA root) or else from torch's own nvidia-nccl package.
+set -euo pipefail
+: "${SRC:?SRC: the unpacked horovod-0.28.1 source release}"
+: "${PY:?PY: the python that has torch}"
+: "${WHEELDIR:?WHEELDIR: where the wheel goes}"
+GPU_OPS=${GPU_OPS:-auto}
+log() { echo "build-horovod: $*"; }
+die() { echo "build-horovod: error: $*" >&2; exit 1; }
+
+SRC=$(cd "$SRC" && pwd)
+mkdir -p "$WHEELDIR"
+WHEELDIR=$(cd "$WHEELDIR" && pwd)
+grep -q '^Version: 0.28.1$' "$SRC/PKG-INFO" || die "$SRC is not the horovod 0.28.1 source release"
+
+grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC" \
+  | xargs -r sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'
+if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
+  die "failed to switch Horovod's C++ standard to 17"
+fi
+
+env_args=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+          HOROVOD_WITH_GLOO=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
+          MAKEFLAGS="-j${JOBS:-$(nproc)}")
+if [ "${HPCDP_HVD_MPI:-1}" = 1 ] && command -v mpicc >/dev/null 2>&1; then
+  env_args+=(HOROVOD_WITH_MPI=1); log "controllers: MPI ($(command -v mpicc)) and Gloo"
+else
+  env_args+=(HOROVOD_WITHOUT_MPI=1); log "controllers: Gloo only (no mpicc)"
+fi
+
+torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+nvcc=""
+if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then nvcc=$CUDA_HOME/bin/nvcc
+elif command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc)
+elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+if [ "$GPU_OPS" = auto ]; then
+  if [ -n "$torch_cuda" ] && [ -n "$nvcc" ]; then GPU_OPS=NCCL; else GPU_OPS=none; fi
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+if [ "$GPU_OPS" = NCCL ]; then
+  [ -n "$nvcc" ] || die "GPU_OPS=NCCL but no nvcc (set CUDA_HOME or put nvcc on PATH)"
+  [ -n "$torch_cuda" ] || die "GPU_OPS=NCCL but torch is not a CUDA build"
+  # The CUDA root as nvcc itself reports it (the nvcc on PATH may be a wrapper).
+  : > "$tmp/probe.cu"
+  cuda_home=$("$nvcc" -dryrun -c "$tmp/probe.cu" -o "$tmp/probe.o" 2>&1 \
+              | sed -n 's/^#\$ TOP=//p' | head -n1)
+  [ -n "$cuda_home" ] && [ -d "$cuda_home" ] || cuda_home=$(dirname "$(dirname "$nvcc")")
+  cuda_home=$(cd "$cuda_home" && pwd)
+  cc_list=${HOROVOD_BUILD_CUDA_CC_LIST:-$("$PY" -c '
+import torch
+# The architectures torch was compiled for (get_arch_list() is empty without a driver).
+flags = getattr(torch._C, "_cuda_getArchFlags", lambda: "")() or ""
+archs = {a[3:] for a in flags.split() if a.startswith("sm_") and a[3:].isdigit()}
+print(",".join(sorted(archs, key=int)))')}
+  [ -n "$cc_list" ] || die "torch names no sm_ architectures; set HOROVOD_BUILD_CUDA_CC_LIST (e.g. 90)"
+  env_args+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST="$cc_list"
+             HOROVOD_CUDA_HOME="$cuda_home" CUDA_HOME="$cuda_home" CUDACXX="$cuda_home/bin/nvcc"
+             HOROVOD_NCCL_LINK=SHARED)
+  if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then
+    env_args+=(HOROVOD_NCCL_HOME="$HOROVOD_NCCL_HOME"); nccl_from=$HOROVOD_NCCL_HOME
+  elif compgen -G "$cuda_home/lib*/libnccl.so*" >/dev/null \
+       || compgen -G "/usr/lib/*-linux-gnu/libnccl.so" >/dev/null; then
+    nccl_from="the system"
+  else
+    # torch's nvidia-nccl package holds nccl.h and libnccl.so.2; CMake's
+    # find_library wants a plain libnccl.so beside it.
+    nccl_dir=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) \
+      || die "no NCCL found: install it, set HOROVOD_NCCL_HOME, or use a torch with nvidia-nccl"
+    [ -f "$nccl_dir/include/nccl.h" ] || die "$nccl_dir has no include/nccl.h"
+    mkdir "$tmp/nccl"
+    ln -s "$nccl_dir/lib/libnccl.so.2" "$tmp/nccl/libnccl.so"
+    env_args+=(HOROVOD_NCCL_INCLUDE="$nccl_dir/include" HOROVOD_NCCL_LIB="$tmp/nccl")
+    nccl_from=$nccl_dir
+  fi
+  log "GPU ops: NCCL ($nccl_from); CUDA $torch_cuda at $cuda_home, architectures $cc_list"
+else
+  log "GPU ops: none"
+fi
+
+rm -rf "$SRC/build"  # a CMake cache from an earlier try would keep its old settings
+start=$(date +%s)
+env "${env_args[@]}" PATH="${cuda_home:+$cuda_home/bin:}$PATH" \
+  "$PY" -m pip wheel --no-index --no-build-isolation --no-deps -w "$WHEELDIR" "$SRC"
+log "built in $(( $(date +%s) - start )) s: $(ls "$WHEELDIR"/horovod-0.28.1-*.whl)"
