@@ -226,6 +226,10 @@ def render(checks: list[Check]) -> str:
     return "\n".join(f"  {c.status:<5} {c.name:<10} {c.detail}" for c in checks)
 
 
+#: The stack checks the multi-rank placement check depends on.
+PLACEMENT_NEEDS = ("pytorch", "gpus", "horovod")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hpcdp doctor", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -242,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     checks = stack_checks()
     printer = True
-    stack_ok = all(c.status != FAIL for c in checks)
-    if stack_ok and not args.no_ranks and launcher_world_size(os.environ) > 1:
+    # The placement check needs only PyTorch and Horovod: a missing parallel HDF5 or
+    # MPI library must not hide two ranks sharing a GPU.
+    can_gather = all(c.status != FAIL for c in checks if c.name in PLACEMENT_NEEDS)
+    if can_gather and not args.no_ranks and launcher_world_size(os.environ) > 1:
         rank_checks, printer = placement_checks(args.timeout)
         checks += rank_checks
     failed = [c for c in checks if c.status == FAIL]

@@ -29,14 +29,29 @@ mkdir -p "$WHEELDIR"
 WHEELDIR=$(cd "$WHEELDIR" && pwd)
 grep -q '^Version: 0.28.1$' "$SRC/PKG-INFO" || die "$SRC is not the horovod 0.28.1 source release"
 
+# Horovod's setup.py asks for these at build time (setup_requires) and would try to
+# download any that is missing: name them instead, for offline nodes.
+missing=$("$PY" - <<'PYEOF'
+import importlib.util
+need = {"cffi": "cffi", "cloudpickle": "cloudpickle", "psutil": "psutil", "yaml": "pyyaml",
+        "packaging": "packaging", "setuptools": "setuptools", "wheel": "wheel", "torch": "torch"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PYEOF
+)
+[ -z "$missing" ] || die "$PY lacks what Horovod's build needs: $missing (pip install $missing)"
+
 grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC" \
   | xargs -r sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'
 if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
   die "failed to switch Horovod's C++ standard to 17"
 fi
 
+# GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
+# standard headers, and some of the release's files rely on that (group_table.h,
+# common.h): include them in every C++ file rather than patch file by file.
 env_args=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
           HOROVOD_WITH_GLOO=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
+          CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept"
           MAKEFLAGS="-j${JOBS:-$(nproc)}")
 if [ "${HPCDP_HVD_MPI:-1}" = 1 ] && command -v mpicc >/dev/null 2>&1; then
   env_args+=(HOROVOD_WITH_MPI=1); log "controllers: MPI ($(command -v mpicc)) and Gloo"

@@ -89,6 +89,8 @@ if ! ls "$hvddir"/horovod-*.whl >/dev/null 2>&1; then
   trap 'rm -rf "$work"' EXIT
   "${PIP[@]}" download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
   tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
+  # What Horovod's setup.py needs at build time (it would fetch them itself otherwise).
+  "${PIP[@]}" install cffi cloudpickle psutil pyyaml packaging wheel
   mkdir -p "$hvddir.tmp"
   SRC="$work/horovod-$HOROVOD_VERSION" PY="$PY" WHEELDIR="$hvddir.tmp" GPU_OPS="$gpu_ops" \
     bash "$(dirname "$0")/build-horovod.sh"
