@@ -5,8 +5,10 @@ measures, back to back on the same file:
 
   raw       h5py slab reads of one chunk each (``dset[a:b]``), in file order:
             the most the file can give through h5py (no shuffle, no labels).
-  reader    `ShardedReader`, one full epoch (shuffled, with labels); the file
-            is opened before the clock starts, as for raw.
+  reader    `ShardedReader`, one full epoch (shuffled, with labels) of a reader
+            kept open from round to round, as training keeps it from epoch to
+            epoch, after one untimed epoch (the file opened before the clock
+            starts, as for raw).
   baseline  the usual map-style Dataset whose ``__getitem__`` reads one sample
             from h5py, under a DataLoader with DistributedSampler(1 replica).
 
@@ -65,41 +67,34 @@ def _memory(proc: Any) -> tuple[int, int]:
     return int(mem.rss), int(mem.rss - getattr(mem, "shared", 0))
 
 
-def _reader_pass(path: str, batch: int, epoch: int, window: int | None,
-                 x_name: str, y_name: str) -> dict[str, Any]:
+def _reader_pass(r: Any, epoch: int, before: tuple[int, int]) -> dict[str, Any]:
+    """One timed epoch of an open reader, sampling memory every 8 batches."""
     import psutil
 
-    from hpcdp.data.reader import ShardedReader
-
     proc = psutil.Process()
-    rss_before, anon_before = _memory(proc)
-    with ShardedReader(path, batch_size=batch, seed=1, window_samples=window, x_name=x_name,
-                       y_name=y_name) as r:
-        # Open the file (and map it) before the clock starts, as the raw pass does:
-        # a training run pays that once, not per epoch.
-        mapped = r.mapped
-        r.set_epoch(epoch)
-        steps = len(r)
-        n = 0
-        samples: list[tuple[int, int, int]] = []  # (batch index, RSS, anonymous RSS)
-        start = time.perf_counter()
-        for i, (x, _) in enumerate(r):
-            n += len(x)
-            if i % 8 == 0:
-                samples.append((i, *_memory(proc)))
-        seconds = time.perf_counter() - start
-        samples.append((steps, *_memory(proc)))
-        half = max(rss for i, rss, _ in samples if i <= steps // 2)
-        peak = max(rss for _, rss, _ in samples)
-        anon_half = max(a for i, _, a in samples if i <= steps // 2)
-        anon_peak = max(a for _, _, a in samples)
-        prefetch_bytes = (r.prefetch + 2) * batch * r.info.sample_bytes
-        return {"samples": n, "seconds": seconds, "window_bytes": r.window_bytes,
-                "window_samples": r.window, "virtual_shards": r.virtual_shards,
-                "prefetch_bytes": prefetch_bytes, "rss_before": rss_before,
-                "rss_first_half": half, "rss_peak": peak, "mapped": mapped,
-                "anon_before": anon_before, "anon_first_half": anon_half,
-                "anon_peak": anon_peak}
+    rss_before, anon_before = before
+    r.set_epoch(epoch)
+    steps = len(r)
+    n = 0
+    samples: list[tuple[int, int, int]] = []  # (batch index, RSS, anonymous RSS)
+    start = time.perf_counter()
+    for i, (x, _) in enumerate(r):
+        n += len(x)
+        if i % 8 == 0:
+            samples.append((i, *_memory(proc)))
+    seconds = time.perf_counter() - start
+    samples.append((steps, *_memory(proc)))
+    half = max(rss for i, rss, _ in samples if i <= steps // 2)
+    peak = max(rss for _, rss, _ in samples)
+    anon_half = max(a for i, _, a in samples if i <= steps // 2)
+    anon_peak = max(a for _, _, a in samples)
+    prefetch_bytes = (r.prefetch + 2) * r.batch_size * r.info.sample_bytes
+    return {"samples": n, "seconds": seconds, "window_bytes": r.window_bytes,
+            "window_samples": r.window, "virtual_shards": r.virtual_shards,
+            "prefetch_bytes": prefetch_bytes, "rss_before": rss_before,
+            "rss_first_half": half, "rss_peak": peak, "mapped": r.mapped,
+            "anon_before": anon_before, "anon_first_half": anon_half,
+            "anon_peak": anon_peak}
 
 
 class PerSampleDataset:
@@ -216,10 +211,21 @@ def main(argv: list[str] | None = None) -> int:
             dataset_bytes = d.size * d.dtype.itemsize
             chunk_rows = d.chunks[0] if d.chunks else None
         _raw_pass(path, args.x_name)  # warm the page cache
+        import psutil
+
+        from hpcdp.data.reader import ShardedReader
+
+        before = _memory(psutil.Process())
+        reader = ShardedReader(path, batch_size=args.batch, seed=1, window_samples=args.window,
+                               x_name=args.x_name, y_name=args.y_name)
+        # As in training, the reader stays open from epoch to epoch: one untimed epoch
+        # first (the file opened, the window arrays allocated), then one per round.
+        for _ in reader:
+            pass
         rounds = []
         for i in range(args.rounds):
             n_raw, t_raw = _raw_pass(path, args.x_name)
-            rd = _reader_pass(path, args.batch, i, args.window, args.x_name, args.y_name)
+            rd = _reader_pass(reader, i + 1, before)
             n_base, t_base = _baseline_pass(path, args.batch, args.baseline_samples,
                                             args.x_name, args.y_name)
             rounds.append({**rd, "raw": n_raw / t_raw, "reader": rd["samples"] / rd["seconds"],
@@ -227,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {i}: raw {rounds[-1]['raw']:.0f}/s  reader "
                   f"{rounds[-1]['reader']:.0f}/s  baseline {rounds[-1]['baseline']:.0f}/s",
                   flush=True)
+        reader.close()
     summary = summarize(rounds, dataset_bytes)
     med = summary["samples_per_s"]
     print()

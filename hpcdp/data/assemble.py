@@ -428,21 +428,6 @@ class Assembler:
         valid = (rel >= 0) & (rel < p.steps * u)  # not before a resume point, nor dropped
         return slot, valid, bool(valid.all())
 
-    def _window_slots(self, k: int, ws: int, we: int,
-                      first: int) -> tuple[np.ndarray, np.ndarray, bool]:
-        """`_slots` of every stream of window k, concatenated in stream order."""
-        p, u, b = self.plan, self.plan.per_stream, self.b
-        length = we - ws
-        perms = np.stack([pt.window_permutation(p.seed, p.epoch, v, k, length)
-                          for v in p.streams])
-        served = np.empty_like(perms)
-        np.put_along_axis(served, perms, np.arange(length)[None, :], axis=1)
-        rel = ws + served - p.position
-        stream = np.arange(len(p.streams))[:, None]
-        slot = (rel // u - first) * b + stream * u + rel % u
-        valid = (rel >= 0) & (rel < p.steps * u)
-        return slot.reshape(-1), valid.reshape(-1), bool(valid.all())
-
     def _window_runs(self, k: int) -> list[list[tuple[int, int]]]:
         """Each of this rank's streams' file row runs for window k, in read order."""
         p = self.plan
@@ -454,7 +439,9 @@ class Assembler:
         """The same batches as `_batches`, each gathered once from the mapped file.
 
         Per window, only where each batch slot's sample lies in the file is worked
-        out (small integer arrays); the samples are copied once, batch by batch.
+        out (small integer arrays, all streams at once); the samples are copied
+        once, batch by batch, into arrays small enough to stay in cache for the
+        consumer.
         """
         p = self.plan
         u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
@@ -473,37 +460,45 @@ class Assembler:
             lo, hi = max(ws, p.position), min(we, end)
             first = (lo - p.position) // u
             last = (hi - 1 - p.position) // u
-            src = np.empty((nrows, b), np.int64)  # byte offset of each slot's sample
-            lab = np.empty((nrows, b), np.int64) if self._labels is not None else None
-            # All streams at once (they share the window bounds): few, larger numpy calls.
-            slot, valid, every = self._window_slots(k, ws, we, first)
-            flat = [r for runs in here for r in runs]
-            offsets = rows.offsets(pt.runs_to_indices(flat))
-            labels = None
+            # Stream i's window position q is served at position ws + q of its stream,
+            # which is slot (q' // u, i*u + q' % u) of this window's steps, where
+            # q' = ws + q - position - first*u: a plain reshape per stream, once the
+            # rows are put in serving order (read order, permuted by the window's shuffle).
+            length = we - ws
+            perms = np.stack([pt.window_permutation(p.seed, p.epoch, v, k, length)
+                              for v in p.streams])
+            read_rows = np.stack([pt.runs_to_indices(runs) for runs in here])
+            served = np.take_along_axis(read_rows, perms, axis=1)  # (streams, length)
+            q0, q1 = lo - ws, hi - ws  # served this pass (not before a resume point)
+            f0 = lo - p.position - first * u
+            src = np.empty((n, nrows * u), np.int64)
+            src[:, f0 : f0 + q1 - q0] = rows.offsets(served[:, q0:q1])
+            lab = None
             if self._labels is not None:
-                labels = np.empty(len(offsets), np.int64)
-                at = 0
-                for start, stop in flat:
-                    self._labels.read(start, stop, labels[at : at + stop - start])
-                    at += stop - start
-            if not every:
-                slot, offsets = slot[valid], offsets[valid]
-                labels = labels[valid] if labels is not None else None
-            src.reshape(-1)[slot] = offsets
-            if lab is not None:
-                lab.reshape(-1)[slot] = labels
-            head = lo - (p.position + first * u)
-            if head and prev is not None:
-                src[0].reshape(n, u)[:, :head] = prev[0].reshape(n, u)[:, :head]
+                labels = np.empty(read_rows.shape, np.int64)
+                for i, runs in enumerate(here):
+                    at = 0
+                    for start, stop in runs:
+                        self._labels.read(start, stop, labels[i, at : at + stop - start])
+                        at += stop - start
+                lab = np.empty((n, nrows * u), np.int64)
+                lab[:, f0 : f0 + q1 - q0] = np.take_along_axis(labels, perms, axis=1)[:, q0:q1]
+            if f0 and prev is not None:  # step `first` began in the previous window
+                src[:, :f0] = prev[0][:, :f0]
                 if lab is not None and prev[1] is not None:
-                    lab[0].reshape(n, u)[:, :head] = prev[1].reshape(n, u)[:, :head]
+                    lab[:, :f0] = prev[1][:, :f0]
+            # Batch-major: step j's batch is every stream's u slots in stream order.
+            src_b = src.reshape(n, nrows, u).transpose(1, 0, 2).reshape(nrows, b)
+            lab_b = (lab.reshape(n, nrows, u).transpose(1, 0, 2).reshape(nrows, b)
+                     if lab is not None else None)
             done = (hi - p.position) // u
             for j in range(first, done):
-                bx = rows.gather(src[j - first]).view(self.dtype).reshape(b, *self.shape)
-                yield bx, (lab[j - first].copy() if lab is not None else None)
+                bx = rows.gather(src_b[j - first]).view(self.dtype).reshape(b, *self.shape)
+                yield bx, (lab_b[j - first] if lab_b is not None else None)
             tail = last - first
-            prev = ((src[tail].copy(), lab[tail].copy() if lab is not None else None)
-                    if done <= last else None)
+            # The incomplete last step's head, carried into the next window.
+            prev = ((src[:, tail * u : (tail + 1) * u], None if lab is None else
+                     lab[:, tail * u : (tail + 1) * u]) if done <= last else None)
             # This window's samples are copied out (but for a straddling step's head, which
             # faults back in from the page cache): unmap them, so that resident memory
             # stays bounded by about a window however large the file.
