@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,12 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.placement import RankPlacement, check_placement, device_index_for_local_rank
+from hpcdp.placement import (
+    RankPlacement,
+    check_placement,
+    device_index_for_local_rank,
+    node_name,
+)
 
 
 class AgreedError(RuntimeError):
@@ -114,7 +119,7 @@ def placement(device: torch.device) -> RankPlacement:
         props = torch.cuda.get_device_properties(device)
         gpu = str(getattr(props, "uuid", "") or f"index {device.index}")
     return RankPlacement(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                         socket.gethostname(), gpu)
+                         node_name(os.environ, socket.gethostname()), gpu)
 
 
 def placement_error(device: torch.device) -> str | None:
@@ -163,6 +168,12 @@ def allreduce_max_int(value: int, name: str) -> int:
     """Collective: the largest of one integer over all ranks (for agreeing on a flag)."""
     t = torch.tensor([value], dtype=torch.int32)
     return int(hvd.allreduce(t, op=hvd.Max, name=name).item())
+
+
+def start_allreduce_max_int(value: int, name: str) -> Callable[[], int]:
+    """Start the largest-integer all-reduce; returns a function that waits for its result."""
+    handle = hvd.allreduce_async(torch.tensor([value], dtype=torch.int32), op=hvd.Max, name=name)
+    return lambda: int(hvd.synchronize(handle).item())
 
 
 def abort_job(code: int = 1) -> None:

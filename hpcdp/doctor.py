@@ -22,6 +22,7 @@ from hpcdp.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,
+    node_name,
     physical_gpu,
 )
 
@@ -173,7 +174,8 @@ def my_placement(hvd) -> tuple[RankPlacement, list[str]]:
     else:
         gpu = physical_gpu(hvd.local_rank(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     place = RankPlacement(
-        hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(), gpu
+        hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+        node_name(os.environ, socket.gethostname()), gpu
     )
     problems = []
     env_rank, env_size = launcher_rank(os.environ), launcher_world_size(os.environ)

@@ -7,8 +7,17 @@ list here, so the rules can be tested without a launcher.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+
+def node_name(environ: Mapping[str, str], hostname: str) -> str:
+    """The node a rank runs on: Slurm's node name when under Slurm, else the host name.
+
+    Slurm's name is the one that tells nodes apart (several slurmd can share a
+    host, as in a test cluster, and a host name may differ from the node name).
+    """
+    return environ.get("SLURMD_NODENAME") or hostname
 
 
 def visible_devices(cuda_visible_devices: str | None) -> list[str] | None:

@@ -3,7 +3,11 @@
 A signal sets a flag on whichever rank got it, possibly at different steps on
 different ranks. At step boundaries all ranks combine their flags with a max
 all-reduce on the same schedule, so they all stop after the same step. The
-reduction is passed in, which keeps this module free of Horovod and testable.
+training loop uses the lagged form: each check reads the all-reduce started at
+the previous check (finished long since, behind a step's compute) and starts
+the next, so agreeing costs no wait at all, and a signal is acted on one check
+later. The reduction is passed in, which keeps this module free of Horovod and
+testable.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Preemption:
         self.check_every = check_every
         self.received: int | None = None
         self._previous: dict[signal.Signals, object] = {}
+        self._pending: Callable[[], int] | None = None
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         # Only set the flag: the loop acts at the next agreed step boundary.
@@ -66,6 +71,26 @@ class Preemption:
         if not self.due(step):
             return False
         return reduce_max(1 if self.requested else 0) > 0
+
+    def agreed_lagged(self, step: int, start_max: Callable[[int], Callable[[], int]]) -> bool:
+        """Collective on due steps, one check behind: True on every rank alike.
+
+        `start_max(flag)` starts a max all-reduce and returns a function that waits
+        for its result. On a due step the previous check's result is read first (one
+        such reduction in flight at a time), then this step's flag is sent.
+        """
+        if not self.due(step):
+            return False
+        previous, self._pending = self._pending, None
+        stop = previous is not None and previous() > 0
+        self._pending = start_max(1 if self.requested else 0)
+        return stop
+
+    def drain(self) -> None:
+        """Wait for the reduction still in flight, if any (every rank, at the loop's end)."""
+        previous, self._pending = self._pending, None
+        if previous is not None:
+            previous()
 
 
 def job_fields(show: str) -> dict[str, str]:

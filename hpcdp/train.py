@@ -443,8 +443,8 @@ def train(cfg: Config) -> int:
                     _report_window(rep, window, totals, step, total_steps, epoch, lr, size)
                     window = StepTimes()
                 t0 = time.perf_counter()
-                if preempt is not None and preempt.agreed(
-                        step, lambda v: dist.allreduce_max_int(v, "hpcdp.preempt")):
+                if preempt is not None and preempt.agreed_lagged(
+                        step, lambda v: dist.start_allreduce_max_int(v, "hpcdp.preempt")):
                     stop_reason = "preempted"
                 elif cfg.run.stop_at_step and step == cfg.run.stop_at_step:
                     stop_reason = "stopped"
@@ -469,6 +469,8 @@ def train(cfg: Config) -> int:
                 excluded += window.exclude(time.perf_counter() - t0)
                 epoch += 1
         train_seconds = time.perf_counter() - loop_start - excluded
+        if preempt is not None:
+            preempt.drain()  # the last check's all-reduce, so no collective is left open
         if watchdog is not None:
             watchdog.stop()
 

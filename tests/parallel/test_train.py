@@ -118,12 +118,13 @@ def test_signal_checkpoint_resume_is_bitwise_identical(ranks, data: Path, tmp_pa
     worker = [sys.executable, str(Path(__file__).parent / "workers" / "train_signal.py")]
     first = ranks(worker, *args(data, cut, *common), np=2, timeout=BOUND,
                   env={"HPCDP_TEST_SIGNAL_AT": "7"})
-    # Rank 1 signalled itself before check 7; all ranks agreed at check 8 = step 8.
-    assert "preempted at step 8: checkpoint written to" in first.output
-    assert [s for s, _ in ck.list_checkpoints(cut / "checkpoints")] == [8]
+    # Rank 1 signalled itself before check 7; its flag went out with check 8, whose
+    # result every rank read at check 9 (the agreement is one check behind): step 9.
+    assert "preempted at step 9: checkpoint written to" in first.output
+    assert [s for s, _ in ck.list_checkpoints(cut / "checkpoints")] == [9]
     assert not (cut / "summary.json").exists()
     second = ranks(TRAIN, *args(data, cut, *common), np=2, timeout=BOUND)
-    assert "resumed from" in second.output and "step-00000008.pt" in second.output
+    assert "resumed from" in second.output and "step-00000009.pt" in second.output
     a, b = final_state(full), final_state(cut)
     assert a["step"] == b["step"] == 2 * (N_TRAIN // 32)
     assert_same_params(a, b, exact=True)

@@ -9,6 +9,7 @@ from hpcdp.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,
+    node_name,
     physical_gpu,
 )
 
@@ -71,3 +72,9 @@ def test_launcher_variables():
     assert launcher_world_size({"HOROVOD_SIZE": "2", "SLURM_STEP_NUM_TASKS": "8"}) == 2
     assert launcher_rank({"SLURM_PROCID": "3"}) == 3
     assert launcher_rank({}) is None
+
+
+def test_node_name_prefers_slurm_node_name() -> None:
+    assert node_name({"SLURMD_NODENAME": "node2"}, "vm") == "node2"
+    assert node_name({}, "vm") == "vm"
+    assert node_name({"SLURMD_NODENAME": ""}, "vm") == "vm"

@@ -40,6 +40,28 @@ def test_real_signal_sets_flag_and_agreement_uses_max() -> None:
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
+def test_lagged_agreement_reads_the_previous_check() -> None:
+    p = Preemption(["USR1"], check_every=2)
+    sent: list[int] = []
+    waited: list[int] = []
+
+    def start_max(v: int):
+        sent.append(v)
+        index = len(sent) - 1
+        return lambda: waited.append(index) or max(v, 0)
+
+    assert not p.agreed_lagged(2, start_max)  # nothing in flight yet: no result to read
+    p.received = signal.SIGUSR1  # as a handler would
+    assert not p.agreed_lagged(3, start_max)  # not a check step: nothing sent or read
+    assert not p.agreed_lagged(4, start_max)  # reads check 2's result (0), sends 1
+    assert p.agreed_lagged(6, start_max)  # reads check 4's result (1): stop, on every rank
+    assert sent == [0, 1, 1] and waited == [0, 1]
+    p.drain()  # the reduction still in flight is waited for, once
+    assert waited == [0, 1, 2]
+    p.drain()
+    assert waited == [0, 1, 2]
+
+
 def test_check_every_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Preemption(["USR1"], check_every=0)

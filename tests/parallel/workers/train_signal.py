@@ -18,11 +18,11 @@ from hpcdp import dist, train
 
 SIGNAL_AT = int(os.environ.get("HPCDP_TEST_SIGNAL_AT", "0"))
 CRASH_AT = int(os.environ.get("HPCDP_TEST_CRASH_AT", "0"))
-_real = dist.allreduce_max_int
+_real = dist.start_allreduce_max_int
 _calls = 0
 
 
-def _arranged(value: int, name: str) -> int:
+def _arranged(value: int, name: str):
     global _calls
     _calls += 1
     if hvd.rank() == 1 and _calls == SIGNAL_AT:
@@ -32,7 +32,7 @@ def _arranged(value: int, name: str) -> int:
     return _real(value, name)
 
 
-dist.allreduce_max_int = _arranged
+dist.start_allreduce_max_int = _arranged
 
 if __name__ == "__main__":
     sys.exit(train.main(sys.argv[1:]))
