@@ -67,6 +67,12 @@ def _memory(proc: Any) -> tuple[int, int]:
     return int(mem.rss), int(mem.rss - getattr(mem, "shared", 0))
 
 
+def _warm_up(r: Any) -> None:
+    """One untimed epoch; no batch outlives it (a batch held keeps its buffers busy)."""
+    for _ in r:
+        pass
+
+
 def _reader_pass(r: Any, epoch: int, before: tuple[int, int]) -> dict[str, Any]:
     """One timed epoch of an open reader, sampling memory every 8 batches."""
     import psutil
@@ -220,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                                x_name=args.x_name, y_name=args.y_name)
         # As in training, the reader stays open from epoch to epoch: one untimed epoch
         # first (the file opened, the window arrays allocated), then one per round.
-        for _ in reader:
-            pass
+        _warm_up(reader)
         rounds = []
         for i in range(args.rounds):
             n_raw, t_raw = _raw_pass(path, args.x_name)
