@@ -27,6 +27,7 @@ from hpcdp.placement import (
     check_placement,
     device_index_for_local_rank,
     node_name,
+    placement_message,
 )
 
 
@@ -129,14 +130,8 @@ def placement_error(device: torch.device) -> str | None:
     visible GPU, use it"); gathered, the UUIDs show it. NCCL would otherwise
     fail later with a less direct message, or the ranks would share the GPU.
     """
-    problems = check_placement(hvd.allgather_object(placement(device), name="hpcdp.placement"))
-    if not problems:
-        return None
-    hint = ""
-    if any("bound to GPU" in p for p in problems):
-        hint = (": start at most one rank per GPU (fewer ranks per node, or give each rank "
-                "its own GPU, e.g. Slurm's --gpus-per-task=1 or CUDA_VISIBLE_DEVICES)")
-    return "; ".join(problems) + hint
+    ranks = hvd.allgather_object(placement(device), name="hpcdp.placement")
+    return placement_message(check_placement(ranks))
 
 
 def is_root() -> bool:

@@ -97,3 +97,14 @@ def check_placement(ranks: Sequence[RankPlacement]) -> list[str]:
             if len(owners) > 1:
                 problems.append(f"{host}: ranks {owners} are all bound to GPU {gpu}")
     return problems
+
+
+def placement_message(problems: Sequence[str]) -> str | None:
+    """One error for a job's placement problems, with what to do about shared GPUs."""
+    if not problems:
+        return None
+    hint = ""
+    if any("bound to GPU" in p for p in problems):
+        hint = (": start at most one rank per GPU (fewer ranks per node, or give each rank "
+                "its own GPU, e.g. Slurm's --gpus-per-task=1 or CUDA_VISIBLE_DEVICES)")
+    return "; ".join(problems) + hint

@@ -11,6 +11,7 @@ from hpcdp.placement import (
     device_index_for_local_rank,
     node_name,
     physical_gpu,
+    placement_message,
 )
 
 
@@ -78,3 +79,14 @@ def test_node_name_prefers_slurm_node_name() -> None:
     assert node_name({"SLURMD_NODENAME": "node2"}, "vm") == "node2"
     assert node_name({}, "vm") == "vm"
     assert node_name({"SLURMD_NODENAME": ""}, "vm") == "vm"
+
+
+def test_placement_message_names_the_shared_gpu_and_what_to_do() -> None:
+    assert placement_message([]) is None
+    shared = placement_message(check_placement([place(0, 2, 0, 2, "n1", "GPU-a"),
+                                                place(1, 2, 1, 2, "n1", "GPU-a")]))
+    assert shared is not None
+    assert "n1: ranks [0, 1] are all bound to GPU GPU-a" in shared
+    assert "start at most one rank per GPU" in shared
+    sizes = placement_message(check_placement([place(0, 2, 0, 1, "n1"), place(1, 3, 0, 1, "n2")]))
+    assert sizes is not None and "world size" in sizes and "one rank per GPU" not in sizes
