@@ -33,22 +33,9 @@ STEPS = N_TRAIN // 32  # batch 16 per rank, 2 ranks, one epoch
 LIMIT = 60.0  # what the issue allows a failing job to take
 
 
-def write_split(path: Path, n: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, size=(n, 1, 8, 8), dtype=np.uint8)
-    y = (x[:, 0, 4, 4] // 128).astype(np.int64)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(32, 1, 8, 8))
-        f.create_dataset("y", data=y, chunks=(32,))
-
-
 @pytest.fixture
-def data(tmp_path: Path) -> Path:
-    d = tmp_path / "data"
-    d.mkdir()
-    write_split(d / "train.h5", N_TRAIN, 1)
-    write_split(d / "val.h5", N_VAL, 2)
-    return d
+def data(make_data) -> Path:
+    return make_data(N_TRAIN, N_VAL)
 
 
 def args(data: Path, run: Path, *extra: str) -> list[str]:

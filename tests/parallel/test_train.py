@@ -1,6 +1,6 @@
 """Training under real launchers: outputs, resume, world-size change, parity, bad input.
 
-Small random data (written here with plain h5py) and a tiny CNN keep each run to
+Small random data (tests/parallel/conftest.py, plain h5py) and a tiny CNN keep each run to
 a few seconds; every run is time-bounded by the `ranks` fixture.
 """
 
@@ -13,8 +13,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 import torch
 
@@ -28,25 +26,9 @@ TRAIN = [sys.executable, "-m", "hpcdp.train"]
 BOUND = 120.0
 
 
-def write_split(path: Path, n: int, seed: int) -> None:
-    """Unique 8x8 uint8 samples (the index sits in two pixels), random labels."""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, size=(n, 1, 8, 8), dtype=np.uint8)
-    x[:, 0, 0, 0] = np.arange(n) % 256
-    x[:, 0, 0, 1] = np.arange(n) // 256
-    y = (x[:, 0, 4, 4] // 128 + 2 * (x[:, 0, 3, 3] // 128)).astype(np.int64)  # learnable
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(32, 1, 8, 8))
-        f.create_dataset("y", data=y, chunks=(32,))
-
-
 @pytest.fixture
-def data(tmp_path: Path) -> Path:
-    d = tmp_path / "data"
-    d.mkdir()
-    write_split(d / "train.h5", N_TRAIN, 1)
-    write_split(d / "val.h5", N_VAL, 2)
-    return d
+def data(make_data) -> Path:
+    return make_data(N_TRAIN, N_VAL)
 
 
 def args(data: Path, run: Path, *extra: str) -> list[str]:

@@ -1,0 +1,36 @@
+"""Small training data for the multi-rank training and fault tests, written with plain h5py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+
+def write_split(path: Path, n: int, seed: int) -> None:
+    """Unique 8x8 uint8 samples (the index sits in two pixels), learnable 4-class labels."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, 1, 8, 8), dtype=np.uint8)
+    x[:, 0, 0, 0] = np.arange(n) % 256
+    x[:, 0, 0, 1] = np.arange(n) // 256
+    y = (x[:, 0, 4, 4] // 128 + 2 * (x[:, 0, 3, 3] // 128)).astype(np.int64)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(32, 1, 8, 8))
+        f.create_dataset("y", data=y, chunks=(32,))
+
+
+@pytest.fixture
+def make_data(tmp_path: Path) -> Callable[[int, int], Path]:
+    """A function writing train.h5 (n_train samples) and val.h5 (n_val) into tmp/data."""
+
+    def _make(n_train: int, n_val: int) -> Path:
+        d = tmp_path / "data"
+        d.mkdir()
+        write_split(d / "train.h5", n_train, 1)
+        write_split(d / "val.h5", n_val, 2)
+        return d
+
+    return _make
