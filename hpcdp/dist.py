@@ -159,12 +159,6 @@ def allreduce_sum(values: Sequence[float], name: str) -> list[float]:
     return hvd.allreduce(t, op=hvd.Sum, name=name).tolist()
 
 
-def allreduce_max_int(value: int, name: str) -> int:
-    """Collective: the largest of one integer over all ranks (for agreeing on a flag)."""
-    t = torch.tensor([value], dtype=torch.int32)
-    return int(hvd.allreduce(t, op=hvd.Max, name=name).item())
-
-
 def start_allreduce_max_int(value: int, name: str) -> Callable[[], int]:
     """Start the largest-integer all-reduce; returns a function that waits for its result."""
     handle = hvd.allreduce_async(torch.tensor([value], dtype=torch.int32), op=hvd.Max, name=name)

@@ -10,9 +10,9 @@ local ranks on a node share a GPU. It exits non-zero, naming each problem.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
-import socket
 import sys
 import threading
 from collections.abc import Mapping
@@ -22,7 +22,6 @@ from hpcdp.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,
-    node_name,
     physical_gpu,
 )
 
@@ -167,16 +166,15 @@ def my_placement(hvd) -> tuple[RankPlacement, list[str]]:
     """This rank's placement, and any disagreement between Horovod and the launcher."""
     import torch
 
+    from hpcdp import dist  # training's own placement record, so both judge the same facts
+
     if torch.cuda.is_available():
         index = device_index_for_local_rank(hvd.local_rank(), torch.cuda.device_count())
-        props = torch.cuda.get_device_properties(index)
-        gpu = str(getattr(props, "uuid", index))
-    else:
-        gpu = physical_gpu(hvd.local_rank(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    place = RankPlacement(
-        hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-        node_name(os.environ, socket.gethostname()), gpu
-    )
+        place = dist.placement(torch.device("cuda", index))
+    else:  # no CUDA here: the GPU the launcher's CUDA_VISIBLE_DEVICES gives this rank
+        place = dataclasses.replace(
+            dist.placement(torch.device("cpu")),
+            gpu=physical_gpu(hvd.local_rank(), os.environ.get("CUDA_VISIBLE_DEVICES")))
     problems = []
     env_rank, env_size = launcher_rank(os.environ), launcher_world_size(os.environ)
     if env_rank is not None and env_rank != hvd.rank():

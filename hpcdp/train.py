@@ -580,13 +580,12 @@ def _finite(tensors: Iterator[torch.Tensor]) -> bool:
 
     NaN and inf survive a sum (inf - inf is NaN), so a finite total means finite
     values. A sum can also overflow, but only for values around 1e32 and up, as
-    fatal to training as inf. Half-precision tensors are summed in fp32. Per step
+    fatal to training as inf. Every tensor is summed in fp32. Per step
     this is far cheaper than isfinite() on every value: ResNet-18 (2.8 M
     parameters, one core) 0.4 ms against 10 ms, which was about 10% of its step.
     """
-    low = (torch.float16, torch.bfloat16)
-    sums = [t.sum(dtype=torch.float32) if t.dtype in low else t.sum() for t in tensors]
-    return bool(torch.isfinite(torch.stack([x.float() for x in sums]).sum())) if sums else True
+    sums = [t.sum(dtype=torch.float32) for t in tensors]
+    return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
 
 
 def _nonfinite(step: int, cfg: Config, what: str, can_skip: bool) -> Exception:
