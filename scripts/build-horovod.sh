@@ -2,6 +2,7 @@
 # Build a Horovod 0.28.1 wheel from its unpacked source release, offline.
 #
 #   SRC=horovod-0.28.1 PY=.venv/bin/python WHEELDIR=out GPU_OPS=auto bash scripts/build-horovod.sh
+#   PY=.venv/bin/python bash scripts/build-horovod.sh --gpu-ops   # print what auto picks
 #
 # Called by setup-python.sh (which downloads the source release) and usable on
 # its own on a node that cannot reach a package index. What it does:
@@ -17,12 +18,24 @@
 #   with HOROVOD_BUILD_CUDA_CC_LIST), and NCCL from the system (HOROVOD_NCCL_HOME,
 #   or the CUDA root) or else from torch's own nvidia-nccl package.
 set -euo pipefail
-: "${SRC:?SRC: the unpacked horovod-0.28.1 source release}"
 : "${PY:?PY: the python that has torch}"
-: "${WHEELDIR:?WHEELDIR: where the wheel goes}"
 GPU_OPS=${GPU_OPS:-auto}
 log() { echo "build-horovod: $*"; }
 die() { echo "build-horovod: error: $*" >&2; exit 1; }
+
+# The GPU operations: NCCL when torch is a CUDA build and nvcc can be found.
+torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+nvcc=""
+if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then nvcc=$CUDA_HOME/bin/nvcc
+elif command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc)
+elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+if [ "$GPU_OPS" = auto ]; then
+  if [ -n "$torch_cuda" ] && [ -n "$nvcc" ]; then GPU_OPS=NCCL; else GPU_OPS=none; fi
+fi
+if [ "${1:-}" = --gpu-ops ]; then echo "$GPU_OPS"; exit 0; fi
+
+: "${SRC:?SRC: the unpacked horovod-0.28.1 source release}"
+: "${WHEELDIR:?WHEELDIR: where the wheel goes}"
 
 SRC=$(cd "$SRC" && pwd)
 mkdir -p "$WHEELDIR"
@@ -57,15 +70,6 @@ if [ "${HPCDP_HVD_MPI:-1}" = 1 ] && command -v mpicc >/dev/null 2>&1; then
   env_args+=(HOROVOD_WITH_MPI=1); log "controllers: MPI ($(command -v mpicc)) and Gloo"
 else
   env_args+=(HOROVOD_WITHOUT_MPI=1); log "controllers: Gloo only (no mpicc)"
-fi
-
-torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
-nvcc=""
-if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then nvcc=$CUDA_HOME/bin/nvcc
-elif command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc)
-elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
-if [ "$GPU_OPS" = auto ]; then
-  if [ -n "$torch_cuda" ] && [ -n "$nvcc" ]; then GPU_OPS=NCCL; else GPU_OPS=none; fi
 fi
 
 tmp=$(mktemp -d)

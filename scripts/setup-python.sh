@@ -55,15 +55,12 @@ log "installing build requirements"
 
 pyver=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 torchver=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
-torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
 mpiver=$(mpirun --version 2>/dev/null | head -n1 | tr -cs 'A-Za-z0-9.' '_' | sed 's/_$//')
 hdf5ver=$(pkg-config --modversion hdf5-openmpi 2>/dev/null || pkg-config --modversion hdf5 2>/dev/null || echo unknown)
 mpi4pyver=$("$PY" -c 'import mpi4py; print(mpi4py.__version__)')
 
-gpu_ops=${HPCDP_GPU_OPS:-}
-if [ -z "$gpu_ops" ]; then
-  if [ -n "$torch_cuda" ] && command -v nvcc >/dev/null 2>&1; then gpu_ops=NCCL; else gpu_ops=none; fi
-fi
+# NCCL or none, by the build script's own rule (HPCDP_GPU_OPS=NCCL|none overrides it).
+gpu_ops=${HPCDP_GPU_OPS:-$(PY="$PY" bash "$(dirname "$0")/build-horovod.sh" --gpu-ops)}
 
 # --- h5py against parallel HDF5 -------------------------------------------
 h5key="h5py-$H5PY_VERSION-$pyver-hdf5_$hdf5ver-$mpiver-mpi4py_$mpi4pyver"
