@@ -315,6 +315,7 @@ class ShardedReader:
             "stream_length": self._stream_len,
             "window": self.window,
             "position": self._position,
+            "order": pt.ORDER_VERSION,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -342,6 +343,14 @@ class ShardedReader:
             raise ReaderError(
                 f"{self.path}: reader state stream length {st['stream_length']} x {v} streams "
                 f"does not fit {self.info.num_samples} samples"
+            )
+        order = int(state.get("order", 1))  # states written before the key existed: 1
+        if order != pt.ORDER_VERSION and 0 < st["position"] < st["stream_length"]:
+            raise ReaderError(
+                f"{self.path}: the reader state is from mid-epoch under sample order version "
+                f"{order}, but this hpcdp orders samples by version {pt.ORDER_VERSION}: resuming "
+                "would repeat some samples and skip others; resume from a checkpoint taken at "
+                "the end of an epoch, or with the hpcdp version that wrote this one"
             )
         if not 0 <= st["position"] <= st["stream_length"]:
             raise ReaderError(

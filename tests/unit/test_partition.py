@@ -196,3 +196,41 @@ def test_errors_are_clear() -> None:
         pt.default_virtual_shards(10, 4)
     with pytest.raises(pt.PartitionError, match="rank 2 is outside"):
         pt.rank_streams(4, 2, 2)
+
+
+@given(seeds, epochs, st.integers(0, 23), st.integers(0, 50), st.integers(0, 300))
+@settings(max_examples=60, deadline=None)
+def test_window_permutation_is_a_permutation_fixed_by_its_key(
+    seed: int, epoch: int, stream: int, k: int, length: int
+) -> None:
+    perm = pt.window_permutation(seed, epoch, stream, k, length)
+    np.testing.assert_array_equal(np.sort(perm), np.arange(length))
+    np.testing.assert_array_equal(perm, pt.window_permutation(seed, epoch, stream, k, length))
+
+
+def test_permutations_differ_by_every_part_of_the_key() -> None:
+    base = pt.window_permutation(7, 3, 2, 5, 200)
+    for key in ((8, 3, 2, 5), (7, 4, 2, 5), (7, 3, 3, 5), (7, 3, 2, 6)):
+        assert not np.array_equal(pt.window_permutation(*key, 200), base), key
+    assert not np.array_equal(pt.epoch_block_order(4000, 10, 7, 3),
+                              pt.epoch_block_order(4000, 10, 7, 4))
+
+
+def test_permutations_are_the_same_in_every_thread() -> None:
+    """The generator is kept per thread; a thread's draw must not depend on another's."""
+    import threading
+
+    want = [pt.window_permutation(1, 2, v, 3, 500) for v in range(8)]
+    got: dict[int, list[np.ndarray]] = {}
+
+    def draw(t: int) -> None:
+        got[t] = [pt.window_permutation(1, 2, v, 3, 500) for v in range(8)]
+
+    threads = [threading.Thread(target=draw, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in range(4):
+        for a, b in zip(got[t], want, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -164,6 +164,20 @@ def test_bad_state_is_refused(data: Path, tmp_path: Path) -> None:
             r.load_state_dict({k: v for k, v in state.items() if k != "position"})
 
 
+def test_state_from_another_order_definition_resumes_only_at_an_epoch_end(data: Path) -> None:
+    """A mid-epoch position means nothing under another order: refused, naming the versions."""
+    with ShardedReader(data, batch_size=24) as r:
+        it = iter(r)
+        next(it)
+        state = r.state_dict()
+        assert state["order"] == pt.ORDER_VERSION
+        old = {k: v for k, v in state.items() if k != "order"}  # written before version 2
+        with pytest.raises(ReaderError, match=f"order version 1.*version {pt.ORDER_VERSION}"):
+            r.load_state_dict(old)
+        r.load_state_dict({**old, "position": 0})  # an epoch's start is the same everywhere
+        assert r.state_dict()["position"] == 0
+
+
 def test_batches_kept_by_the_consumer_are_never_overwritten(data: Path) -> None:
     """Batches are views into reused window arrays: one still held must not be refilled."""
     with ShardedReader(data, batch_size=24, window_samples=8, prefetch=2) as r:
