@@ -8,6 +8,7 @@ login node must not need Horovod or PyTorch to import.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import sys
 
@@ -18,6 +19,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
 }
+
+
+def report_crashes() -> None:
+    """Print every thread's Python stack when the process dies of a fatal signal.
+
+    A rank killed by SIGSEGV or SIGBUS otherwise leaves only the launcher's "exited
+    on signal N"; with the stack, the message names where it happened (a file
+    truncated under the reader's mapping shows the reader's gather, for one).
+    """
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
 
 
 def usage() -> str:
@@ -41,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"hpcdp: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    report_crashes()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

@@ -39,6 +39,7 @@ from hpcdp import checkpoint as ckpt
 from hpcdp import config as cfgmod
 from hpcdp import faults
 from hpcdp import schedule as sched
+from hpcdp.cli import report_crashes
 from hpcdp.config import Config, ConfigError
 from hpcdp.models import ModelError, check_name
 
@@ -60,6 +61,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    report_crashes()  # also under `python -m hpcdp.train`, which bypasses the `hpcdp` command
     try:
         cfg, print_only = parse_args(argv)
         check_name(cfg.model.name)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from hpcdp import __version__
+from hpcdp.cli import report_crashes
 from hpcdp.data import sources as src
 
 #: Target chunk size: about 1 MiB of samples (at least one sample).
@@ -325,6 +326,7 @@ def _say(comm: Any, message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    report_crashes()  # also under `python -m hpcdp.data.prep` (mpirun, srun)
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     comm = world()
     opts = WriteOptions(x_name=args.x_name, y_name=args.y_name or None,

@@ -21,7 +21,8 @@ are built in the consumer's thread (see `ShardedReader._threaded`). `mmap=False`
 or HPCDP_READER_MMAP=0 in the environment read through HDF5 instead; so does any
 dataset whose rows cannot be located in the file (compressed, filtered, a user
 block, byte-swapped, ...). Do not truncate or rewrite a file while a reader maps
-it: reading a page the file no longer has kills the process (SIGBUS).
+it: reading a page the file no longer has kills the process (SIGBUS; hpcdp's
+commands then print the Python stack, which names the reader's gather).
 
 The file is opened (and mapped) lazily in the process that reads it, and again
 after a fork, so a reader can be handed to forked or spawned worker processes.

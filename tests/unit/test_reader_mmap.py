@@ -159,3 +159,32 @@ def test_row_map_reads_rows_and_unmaps(tmp_path: Path) -> None:
         rows.close()
         with pytest.raises(AssertionError, match="closed"):
             rows.gather(rows.offsets(pick))
+
+
+def test_file_truncated_under_the_mapping_dies_with_the_stack_named(tmp_path: Path) -> None:
+    """SIGBUS cannot be turned into an exception; the process must at least say where."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    path = make_file(tmp_path / "t.h5", 4000, (3, 8, 8), chunk=100)
+    script = textwrap.dedent(f"""
+        import os
+        from hpcdp.cli import report_crashes
+        from hpcdp.data.reader import ShardedReader
+        report_crashes()
+        r = ShardedReader({str(path)!r}, batch_size=64, seed=1)
+        assert r.mapped
+        it = iter(r)
+        next(it)  # the labels (one HDF5 chunk) are read by now: only the mapping is left
+        os.truncate({str(path)!r}, 4096)
+        for _ in it:
+            pass
+        print("not reached")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGBUS, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert "Bus error" in proc.stderr and "assemble.py" in proc.stderr, proc.stderr
