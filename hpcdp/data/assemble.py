@@ -380,7 +380,8 @@ class Assembler:
 
     def _batches(self, source: Prefetcher | Inline) -> Iterator[Batch]:
         p = self.plan
-        u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
+        # A window longer than the stream is the whole stream: size arrays by what is read.
+        u, b, w, n = p.per_stream, self.b, min(p.window, p.stream_len), len(p.streams)
         end = p.position + p.steps * u  # stream positions this pass consumes
         prev: Batch | None = None  # the batch left incomplete by the previous window
         rows = -(-w // u) + 1
@@ -444,9 +445,9 @@ class Assembler:
         consumer.
         """
         p = self.plan
-        u, b, w, n = p.per_stream, self.b, p.window, len(p.streams)
+        u, b, w, n = p.per_stream, self.b, min(p.window, p.stream_len), len(p.streams)
         end = p.position + p.steps * u
-        nrows = -(-w // u) + 1
+        nrows = -(-w // u) + 1  # steps a window touches at most (as in `_batches`)
         windows = self._windows()
         prev: tuple[np.ndarray, np.ndarray | None] | None = None
         here = self._window_runs(windows.start)
