@@ -4,9 +4,12 @@ The pattern is a backward pass's: N gradients of a few KiB each are handed to
 `allreduce_async_` and then waited for. With fusion on, Horovod packs the
 tensors that are ready in one cycle into one buffer and reduces it with one
 MPI call; with HOROVOD_FUSION_THRESHOLD=0 each tensor is its own all-reduce
-and pays the per-call latency. Both runs use the same launcher and hpcdp's
-other settings; launches alternate (off, on, off, on...) so that a burst of
-load elsewhere on the machine does not land on one side only.
+and pays the per-call latency. Each pair runs under one controller with
+hpcdp's other settings, by default both MPI and Gloo (what one call costs
+decides what fusion gains: a few tens of microseconds through MPI over shared
+memory, about half a millisecond through Gloo's TCP); launches alternate
+(off, on, off, on...) so that a burst of load elsewhere on the machine does not
+land on one side only.
 """
 
 from __future__ import annotations
@@ -25,14 +28,29 @@ from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
 from hpcdp.launcher import LAUNCHERS
 
+#: The controller compared beside `--launcher`'s: fusion's gain depends on what one call costs.
+OTHER_CONTROLLER = {"mpirun": "horovodrun-gloo", "horovodrun": "horovodrun-gloo",
+                    "horovodrun-gloo": "mpirun"}
 
-def builtin_configs(launcher: str) -> dict[str, RunConfig]:
-    """Fusion off vs on (hpcdp's threshold), everything else hpcdp's settings."""
+
+def _prefix(launcher: str) -> str:
+    return "gloo-" if launcher == "horovodrun-gloo" else ""
+
+
+def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
+    """Fusion off vs on (hpcdp's threshold), everything else hpcdp's settings.
+
+    With `other`, the same pair under the other controller too (MPI <-> Gloo),
+    named with a 'gloo-' prefix for Gloo: each pair gives its own speedup.
+    """
     tuned = hvd_settings.recommended_env()
-    return {
-        "fusion-off": RunConfig("fusion-off", launcher, {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"}),
-        "fusion-on": RunConfig("fusion-on", launcher, tuned),
-    }
+    out = {}
+    for run in (launcher, OTHER_CONTROLLER[launcher]) if other else (launcher,):
+        pre = _prefix(run)
+        out[f"{pre}fusion-off"] = RunConfig(f"{pre}fusion-off", run,
+                                            {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"})
+        out[f"{pre}fusion-on"] = RunConfig(f"{pre}fusion-on", run, tuned)
+    return out
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -107,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=int, default=2,
                    help="launches of each configuration, alternating (default 2)")
     p.add_argument("--launcher", default="mpirun", choices=LAUNCHERS)
+    p.add_argument("--one-controller", action="store_true",
+                   help="only --launcher's controller (default: the other one too, MPI <-> Gloo)")
     p.add_argument("--config", action="append", default=[], metavar="NAME=LAUNCHER[:K=V,...]",
                    help="an extra configuration, e.g. on-cyc5=fusion-on+HOROVOD_CYCLE_TIME=5")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -133,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--np must be >= 2 and --tensors, --repeats, --pairs positive")
         if args.warmup < 0 or args.compute_between < 0:
             raise ValueError("--warmup and --compute-between must not be negative")
-        builtin = builtin_configs(args.launcher)
+        builtin = builtin_configs(args.launcher, other=not args.one_controller)
         configs = list(builtin.values())
         configs += [common.parse_config(spec, builtin) for spec in args.config]
         names = [c.name for c in configs]
@@ -161,14 +181,19 @@ def main(argv: list[str] | None = None) -> int:
                 results[config.name] += raw["seconds"]
                 device = raw.get("device", "cpu")
     summary = summarize(results, args.tensors, tensor_bytes)
-    gain = speedup(summary, "fusion-off", "fusion-on")
+    gains = {run: speedup(summary, f"{_prefix(run)}fusion-off", f"{_prefix(run)}fusion-on")
+             for run in (args.launcher, OTHER_CONTROLLER[args.launcher])}
+    gain = gains[args.launcher]
+    other_gain = gains[OTHER_CONTROLLER[args.launcher]]
     rows = [[name, s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
             for name, s in summary.items()]
     print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)}, allreduce_async_ then "
-          f"synchronize, {args.np} ranks, {args.launcher}, {device}; median of the rounds")
+          f"synchronize, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
+          "others under the MPI controller; median of the rounds")
     print(common.format_table(["config", "ms/round", "algbw GB/s", "rounds"], rows))
-    if gain is not None:
-        print(f"fusion speedup (off / on): {gain:.2f}x")
+    for run, g in gains.items():
+        if g is not None:
+            print(f"fusion speedup (off / on), {run}: {g:.2f}x")
     out = Path(args.out)
     payload = {
         "benchmark": "fusion",
@@ -180,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},
         "results": summary,
         "speedup": gain,
+        "speedup_other": other_gain,
+        "other_launcher": OTHER_CONTROLLER[args.launcher] if other_gain is not None else None,
     }
     print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
     if not args.no_plot:

@@ -62,12 +62,15 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "fusion.png").stat().st_size > 5_000
     assert data["params"]["tensors"] == 20 and data["params"]["tensor_bytes"] == 4096
     assert data["configs"]["fusion-off"]["env"]["HOROVOD_FUSION_THRESHOLD"] == "0"
-    assert set(data["results"]) == {"fusion-off", "fusion-on"} and data["device"] == "cpu"
+    assert set(data["results"]) == {"fusion-off", "fusion-on", "gloo-fusion-off",
+                                    "gloo-fusion-on"} and data["device"] == "cpu"
+    assert data["configs"]["gloo-fusion-on"]["launcher"] == "horovodrun-gloo"
     for result in data["results"].values():
         assert len(result["seconds"]) == 3
         assert all(_positive(t) for t in result["seconds"])
         assert _positive(result["seconds_median"]) and _positive(result["algbw_GBps"])
-    assert _positive(data["speedup"])
+    assert _positive(data["speedup"]) and _positive(data["speedup_other"])
+    assert data["other_launcher"] == "horovodrun-gloo"
 
 
 def test_failing_ranks_name_the_configuration(tmp_path: Path) -> None:

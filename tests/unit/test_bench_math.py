@@ -108,6 +108,10 @@ def test_builtin_configs_differ_only_in_settings() -> None:
     fcfg = fusion.builtin_configs("mpirun")
     assert fcfg["fusion-off"].env["HOROVOD_FUSION_THRESHOLD"] == "0"
     assert int(fcfg["fusion-on"].env["HOROVOD_FUSION_THRESHOLD"]) >= 200 * 40 * 1024
+    both = fusion.builtin_configs("mpirun", other=True)
+    assert sorted(both) == ["fusion-off", "fusion-on", "gloo-fusion-off", "gloo-fusion-on"]
+    assert both["gloo-fusion-on"].launcher == "horovodrun-gloo"
+    assert both["gloo-fusion-off"].env["HOROVOD_FUSION_THRESHOLD"] == "0"
 
 
 def test_settings_are_strings_and_overridable() -> None:
