@@ -107,6 +107,11 @@ class HorovodConfig:
     backward_passes_per_step: int = 1  # gradient accumulation
     op: str = "average"  # average | adasum
     gradient_predivide_factor: float = 1.0
+    # Gradients in flat buckets of this many MiB, each all-reduced in place when full
+    # (hpcdp.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
+    # Horovod's fusion); negative: 4 MiB buckets on CPUs, the DistributedOptimizer on
+    # GPUs. Adasum and fp16 compression always use the DistributedOptimizer.
+    bucket_mb: float = -1.0
     timeline: str = ""  # HOROVOD_TIMELINE file; relative paths are inside the run dir
     stall_check_s: float = -1.0  # HOROVOD_STALL_CHECK_TIME_SECONDS (warn); negative: default
     stall_shutdown_s: float = -1.0  # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; negative: default

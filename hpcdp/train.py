@@ -346,16 +346,9 @@ def train(cfg: Config) -> int:
         accum = cfg.horovod.backward_passes_per_step
         adasum = cfg.horovod.op == "adasum"
         lr_scale = sched.lr_scale(size, accum, adasum, cfg.optim.scale_lr)
-        # Horovod builds a new optimizer over the same parameter groups: use only `optimizer`.
-        optimizer = hvd.DistributedOptimizer(
-            _optimizer(cfg, model),
-            named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if cfg.horovod.compression == "fp16"
-            else hvd.Compression.none,
-            backward_passes_per_step=accum,
-            op=hvd.Adasum if adasum else hvd.Average,
-            gradient_predivide_factor=cfg.horovod.gradient_predivide_factor,
-        )
+        # Both wrappers build a new optimizer over the same parameter groups: use only
+        # `optimizer` from here on.
+        optimizer = _distributed_optimizer(cfg, model, device, hvd)
         scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None
         steps_per_epoch = reader.steps_per_epoch // accum
         schedule = sched.from_epochs(
@@ -510,6 +503,41 @@ def train(cfg: Config) -> int:
                  f"{size} rank(s), {step} steps; outputs in {run_dir}")
         rep.close()
         return 0  # readers stay open: see exit_after_horovod
+
+
+def bucket_bytes(cfg: Config, device: torch.device) -> int:
+    """Flat gradient bucket size in bytes, or 0 for Horovod's DistributedOptimizer."""
+    hc = cfg.horovod
+    if hc.op == "adasum" or hc.compression != "none" or hc.bucket_mb == 0:
+        return 0
+    if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.grad_buckets)
+        return 0 if device.type == "cuda" else 4 << 20
+    return max(1, int(hc.bucket_mb * (1 << 20)))
+
+
+def _distributed_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device,
+                           hvd: Any) -> Any:
+    """The optimizer that averages gradients over ranks: flat buckets, or Horovod's own."""
+    accum = cfg.horovod.backward_passes_per_step
+    base = _optimizer(cfg, model)
+    size = bucket_bytes(cfg, device)
+    if size and hvd.size() > 1:  # one rank has nothing to average: no copies then
+        from hpcdp.grad_buckets import bucketed
+
+        try:
+            return bucketed(base, size, accum, cfg.horovod.gradient_predivide_factor)
+        except ValueError as e:  # parameters of several dtypes or devices
+            log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
+    adasum = cfg.horovod.op == "adasum"
+    return hvd.DistributedOptimizer(
+        base,
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if cfg.horovod.compression == "fp16"
+        else hvd.Compression.none,
+        backward_passes_per_step=accum,
+        op=hvd.Adasum if adasum else hvd.Average,
+        gradient_predivide_factor=cfg.horovod.gradient_predivide_factor,
+    )
 
 
 def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterator[Any],

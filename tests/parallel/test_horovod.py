@@ -11,3 +11,8 @@ pytestmark = pytest.mark.parallel
 def test_horovod_collectives(ranks, launcher: str) -> None:
     run = ranks("hvd_ops", np=2, launcher=launcher, timeout=180)
     assert run.output.count("all Horovod checks passed") == 2, run.describe()
+
+
+def test_grad_buckets_match_distributed_optimizer(ranks) -> None:
+    run = ranks("grad_buckets", np=2, timeout=180)
+    assert run.output.count("grad buckets agree with DistributedOptimizer") == 2, run.describe()
