@@ -58,7 +58,11 @@ class _Bucketed:
 
         self._hvd = hvd
         self._passes = backward_passes_per_step
-        self._predivide = gradient_predivide_factor
+        # mean = sum over ranks of g / ranks. With a predivide factor f (Horovod's, for
+        # fp16 range): sum of g / f, then times f / ranks after the reduction.
+        f, n = gradient_predivide_factor, hvd.size()
+        self._prescale = 1.0 / n if f == 1.0 else 1.0 / f
+        self._postscale = 1.0 if f == 1.0 else f / n
         seen: set[int] = set()
         ordered = []
         for group in self.param_groups:  # type: ignore[attr-defined]
@@ -111,10 +115,9 @@ class _Bucketed:
 
     def _launch(self, b: int) -> None:
         start, stop = self._buckets[b]
-        f = self._predivide
         self._handles[b] = self._hvd.allreduce_async_(
-            self._flat[start:stop], name=f"hpcdp.grad_bucket.{b}", op=self._hvd.Average,
-            prescale_factor=1.0 / f, postscale_factor=f)
+            self._flat[start:stop], name=f"hpcdp.grad_bucket.{b}", op=self._hvd.Sum,
+            postscale_factor=self._postscale)
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         """Backward's hook: count the gradient in; reduce its bucket once all are in."""
@@ -131,15 +134,19 @@ class _Bucketed:
     def _take(self, p: torch.Tensor) -> None:
         """Move p's gradient into its place in the flat buffer; the view becomes p.grad.
 
-        One copy per step, made while backward goes on; the gradient autograd made
-        is freed. (Keeping gradients as views across steps instead costs zeroing the
-        buffer and accumulating into it: measured slower.)
+        One copy per step, made while backward goes on, scaled on the way (by 1/ranks,
+        so that the all-reduce is a plain sum: Horovod's Average would scale the
+        reduced buffer in a second pass); the gradient autograd made is freed.
+        (Keeping gradients as views across steps instead costs zeroing the buffer
+        and accumulating into it: measured slower.)
         """
         view = self._view_of[id(p)]
         if p.grad is None:
             view.zero_()  # no gradient this step: reduced as zeros, as Horovod does
-        elif p.grad is not view:
-            view.copy_(p.grad)
+        elif p.grad is view:
+            view.mul_(self._prescale)
+        else:
+            torch.mul(p.grad, self._prescale, out=view)
         p.grad = view
         self._taken.add(id(p))
 

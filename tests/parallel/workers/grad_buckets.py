@@ -34,7 +34,8 @@ def flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool) -> None:
+def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool,
+        set_to_none: bool = True) -> None:
     r = hvd.rank()
     torch.manual_seed(3)
     ours, ref = Net(), Net()
@@ -49,8 +50,8 @@ def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool) -> No
     gen = torch.Generator().manual_seed(100 + r)  # each rank its own data
     start = flat(ours)
     for step in range(6):
-        opt.zero_grad()
-        ref_opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)  # False: backward adds into the views
+        ref_opt.zero_grad()  # (Horovod's takes no argument)
         for _ in range(accum):
             x = torch.randn(8, 6, generator=gen)
             for model in (ours, ref):
@@ -81,6 +82,7 @@ def main() -> None:
     run(accum=1, bucket_bytes=2048, predivide=1.0, split_step=False)
     run(accum=2, bucket_bytes=2048, predivide=1.0, split_step=True)
     run(accum=1, bucket_bytes=1 << 20, predivide=2.0, split_step=True)
+    run(accum=2, bucket_bytes=4096, predivide=1.0, split_step=False, set_to_none=False)
     print(f"rank {hvd.rank()}: grad buckets agree with DistributedOptimizer", flush=True)
     hvd.shutdown()
 
