@@ -110,7 +110,8 @@ class HorovodConfig:
     # Gradients in flat buckets of this many MiB, each all-reduced in place when full
     # (hpcdp.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
     # Horovod's fusion); negative: 4 MiB buckets on CPUs, the DistributedOptimizer on
-    # GPUs. Adasum and fp16 compression always use the DistributedOptimizer.
+    # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
+    # a model with sparse gradients (set 0).
     bucket_mb: float = -1.0
     timeline: str = ""  # HOROVOD_TIMELINE file; relative paths are inside the run dir
     stall_check_s: float = -1.0  # HOROVOD_STALL_CHECK_TIME_SECONDS (warn); negative: default
