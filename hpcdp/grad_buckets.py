@@ -143,6 +143,11 @@ class _Bucketed:
         view = self._view_of[id(p)]
         if p.grad is None:
             view.zero_()  # no gradient this step: reduced as zeros, as Horovod does
+        elif p.grad.is_sparse:
+            raise RuntimeError(
+                f"a parameter of shape {tuple(p.shape)} has a sparse gradient, which flat "
+                "gradient buckets cannot hold: set horovod.bucket_mb=0 to average through "
+                "Horovod's DistributedOptimizer")
         elif p.grad is view:
             view.mul_(self._prescale)
         else:

@@ -83,6 +83,14 @@ def main() -> None:
     run(accum=2, bucket_bytes=2048, predivide=1.0, split_step=True)
     run(accum=1, bucket_bytes=1 << 20, predivide=2.0, split_step=True)
     run(accum=2, bucket_bytes=4096, predivide=1.0, split_step=False, set_to_none=False)
+    emb = nn.Embedding(10, 4, sparse=True)
+    bucketed(torch.optim.SGD(emb.parameters(), lr=0.1), 1024)
+    try:
+        emb(torch.tensor([1, 2])).sum().backward()
+    except RuntimeError as e:
+        assert "sparse gradient" in str(e) and "bucket_mb=0" in str(e), e
+    else:
+        raise AssertionError("a sparse gradient was taken into a flat bucket")
     print(f"rank {hvd.rank()}: grad buckets agree with DistributedOptimizer", flush=True)
     hvd.shutdown()
 
