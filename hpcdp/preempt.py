@@ -66,12 +66,6 @@ class Preemption:
         """Whether `step` is a step at which all ranks check (same on every rank)."""
         return step % self.check_every == 0
 
-    def agreed(self, step: int, reduce_max: Callable[[int], int]) -> bool:
-        """Collective on due steps: True on every rank if any rank got a signal."""
-        if not self.due(step):
-            return False
-        return reduce_max(1 if self.requested else 0) > 0
-
     def agreed_lagged(self, step: int, start_max: Callable[[int], Callable[[], int]]) -> bool:
         """Collective on due steps, one check behind: True on every rank alike.
 

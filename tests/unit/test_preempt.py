@@ -22,19 +22,22 @@ def test_real_signal_sets_flag_and_agreement_uses_max() -> None:
     try:
         seen: list[int] = []
 
-        def reduce_max(v: int) -> int:
+        def start_max(v: int):
             seen.append(v)
-            return max(v, 0)  # as if the other ranks had no signal
+            return lambda: max(v, 0)  # as if the other ranks had no signal
 
-        assert not p.agreed(2, reduce_max)
+        assert not p.agreed_lagged(2, start_max)
         os.kill(os.getpid(), signal.SIGUSR1)
         assert p.requested and p.received == signal.SIGUSR1
-        assert not p.agreed(3, reduce_max)  # not a check step: no collective at all
-        assert p.agreed(4, reduce_max)
-        assert seen == [0, 1]
+        assert not p.agreed_lagged(3, start_max)  # not a check step: no collective at all
+        assert not p.agreed_lagged(4, start_max)  # sends 1; reads check 2's 0
+        assert p.agreed_lagged(6, start_max)
+        assert seen == [0, 1, 1]
+        p.drain()
         # Another rank's flag alone is enough.
         q = Preemption(["USR1"], check_every=1)
-        assert q.agreed(1, lambda v: 1)
+        q.agreed_lagged(1, lambda v: lambda: 1)
+        assert q.agreed_lagged(2, lambda v: lambda: 1)
     finally:
         p.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
