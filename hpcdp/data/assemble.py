@@ -195,9 +195,16 @@ class RowMap:
         MADV_WILLNEED is skipped for a piece whose first page is in the page cache
         already (the file was read before): on a warm cache the call costs about a
         quarter of the copy it would speed up, for nothing. A cold piece is asked
-        for whole (the kernel starts reading it at once, in file order).
+        for whole (the kernel starts reading it at once, in file order). When the
+        first, middle and last runs all start in the page cache, the window is
+        taken as warm and nothing more is checked: checking every piece cost ~3% of
+        an epoch on a warm cache. (A window cached only in part then reads its cold
+        pages as it faults them, with the kernel's own read-around.)
         """
         if self._mm is None:
+            return
+        runs = list(runs)
+        if not runs or (advice == mmap.MADV_WILLNEED and self._warm(runs)):
             return
         pr, sb, page, pieces = self._piece_rows, self._sb, mmap.PAGESIZE, self._pieces
         for start, stop in runs:
@@ -210,6 +217,15 @@ class RowMap:
                     with contextlib.suppress(OSError, ValueError):
                         self._mm.madvise(advice, lo, hi - lo)
                 row = end
+
+    def _warm(self, runs: list[tuple[int, int]]) -> bool:
+        """Whether the first pages of the first, middle and last runs are in the page cache."""
+        page = mmap.PAGESIZE
+        for row in {runs[0][0], runs[len(runs) // 2][0], runs[-1][0]}:
+            a = int(self._pieces[row // self._piece_rows]) + row % self._piece_rows * self._sb
+            if not self._cached(a - a % page):
+                return False
+        return True
 
     def _cached(self, at: int) -> bool:
         """Whether the page at byte `at` (page-aligned) of the file is in the page cache."""

@@ -161,6 +161,33 @@ def test_row_map_reads_rows_and_unmaps(tmp_path: Path) -> None:
             rows.gather(rows.offsets(pick))
 
 
+def test_willneed_is_skipped_for_a_warm_window_and_asked_for_a_cold_one(tmp_path: Path) -> None:
+    import os
+    import time
+
+    path = make_file(tmp_path / "c.h5", n=4000, shape=(3, 32, 32), chunk=100)
+    with h5py.File(path, "r") as f:
+        rows = RowMap.open(str(path), f["x"])
+        assert rows is not None
+        runs = [(0, 900), (2000, 2500), (3900, 4000)]
+        assert rows._warm(runs)  # just written: in the page cache
+        rows.drop()  # unmapped here, so that the kernel may evict the pages
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        if rows._warm(runs):
+            pytest.skip("this file system kept the pages after POSIX_FADV_DONTNEED")
+        rows.advise(runs, mmap.MADV_WILLNEED)  # cold: every piece is asked for
+        deadline = time.monotonic() + 10
+        while not rows._warm(runs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rows._warm(runs), "MADV_WILLNEED did not bring the cold window in"
+        rows.close()
+
+
 def test_file_truncated_under_the_mapping_dies_with_the_stack_named(tmp_path: Path) -> None:
     """SIGBUS cannot be turned into an exception; the process must at least say where."""
     import signal
