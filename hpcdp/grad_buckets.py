@@ -77,28 +77,18 @@ class _Bucketed:
         dtypes = {(p.dtype, p.device) for p in ordered}
         if len(dtypes) != 1:
             raise ValueError(f"parameters of several dtypes or devices: {sorted(map(str, dtypes))}")
-        total = sum(p.numel() for p in ordered)
-        self._flat = torch.zeros(total, dtype=ordered[0].dtype, device=ordered[0].device)
-        self._params = ordered
-        self._views: list[torch.Tensor] = []
-        offset = 0
-        for p in ordered:
-            self._views.append(self._flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        self._view_of = {id(p): v for p, v in zip(ordered, self._views, strict=True)}
-        elem = ordered[0].element_size()
-        runs = plan([p.numel() for p in ordered], max(1, bucket_bytes // elem))
-        self._buckets: list[tuple[int, int]] = []  # flat [start, stop) of each bucket
-        self._bucket_of: dict[int, int] = {}  # id(param) -> bucket
-        starts = [0]
+        starts = [0]  # each parameter's offset in the flat buffer, then the total
         for p in ordered:
             starts.append(starts[-1] + p.numel())
-        for b, run in enumerate(runs):
-            self._buckets.append((starts[run.start], starts[run.stop]))
-            for i in run:
-                self._bucket_of[id(ordered[i])] = b
+        self._flat = torch.zeros(starts[-1], dtype=ordered[0].dtype, device=ordered[0].device)
+        self._params = ordered
+        self._view_of = {id(p): self._flat[a:b].view_as(p)
+                         for p, a, b in zip(ordered, starts, starts[1:], strict=False)}
+        elem = ordered[0].element_size()
+        runs = plan([p.numel() for p in ordered], max(1, bucket_bytes // elem))
+        self._buckets = [(starts[run.start], starts[run.stop]) for run in runs]  # flat [a, b)
         self._members = [[ordered[i] for i in run] for run in runs]
-        self._sizes = [len(run) for run in runs]
+        self._bucket_of = {id(p): b for b, members in enumerate(self._members) for p in members}
         self._handles: dict[int, Any] = {}
         self._skip_sync = False
         self._reset()
@@ -110,7 +100,7 @@ class _Bucketed:
     def _reset(self) -> None:
         self._taken: set[int] = set()
         self._delay = {id(p): self._passes for p in self._params}
-        self._pending = list(self._sizes)
+        self._pending = [len(members) for members in self._members]
         self._handles.clear()
 
     def _launch(self, b: int) -> None:

@@ -61,6 +61,12 @@ class Plan:
     position: int
     steps: int
 
+    @property
+    def window_read(self) -> int:
+        """Samples of a stream read per window: a window longer than the stream is the
+        stream, and arrays are sized by what is read, not by the configured window."""
+        return min(self.window, self.stream_len)
+
 
 class Labels:
     """Labels read a whole label chunk at a time (one HDF5 call), a few chunks kept.
@@ -220,12 +226,8 @@ class RowMap:
 
     def _warm(self, runs: list[tuple[int, int]]) -> bool:
         """Whether the first pages of the first, middle and last runs are in the page cache."""
-        page = mmap.PAGESIZE
-        for row in {runs[0][0], runs[len(runs) // 2][0], runs[-1][0]}:
-            a = int(self._pieces[row // self._piece_rows]) + row % self._piece_rows * self._sb
-            if not self._cached(a - a % page):
-                return False
-        return True
+        rows = np.array([runs[0][0], runs[len(runs) // 2][0], runs[-1][0]], np.int64)
+        return all(self._cached(a - a % mmap.PAGESIZE) for a in self.offsets(rows).tolist())
 
     def _cached(self, at: int) -> bool:
         """Whether the page at byte `at` (page-aligned) of the file is in the page cache."""
@@ -396,8 +398,7 @@ class Assembler:
 
     def _batches(self, source: Prefetcher | Inline) -> Iterator[Batch]:
         p = self.plan
-        # A window longer than the stream is the whole stream: size arrays by what is read.
-        u, b, w, n = p.per_stream, self.b, min(p.window, p.stream_len), len(p.streams)
+        u, b, w, n = p.per_stream, self.b, p.window_read, len(p.streams)
         end = p.position + p.steps * u  # stream positions this pass consumes
         prev: Batch | None = None  # the batch left incomplete by the previous window
         rows = -(-w // u) + 1
@@ -461,7 +462,7 @@ class Assembler:
         consumer.
         """
         p = self.plan
-        u, b, w, n = p.per_stream, self.b, min(p.window, p.stream_len), len(p.streams)
+        u, b, w, n = p.per_stream, self.b, p.window_read, len(p.streams)
         end = p.position + p.steps * u
         nrows = -(-w // u) + 1  # steps a window touches at most (as in `_batches`)
         windows = self._windows()
