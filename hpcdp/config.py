@@ -101,7 +101,9 @@ class ScheduleConfig:
 class HorovodConfig:
     """Horovod's knobs: fusion, compression, accumulation, reduction."""
 
-    fusion_threshold_mb: float = -1.0  # HOROVOD_FUSION_THRESHOLD; negative: Horovod default
+    # HOROVOD_FUSION_THRESHOLD; negative: the environment's, else 1 MiB for CPU tensors
+    # through MPI and Horovod's 128 MiB on GPUs and under Gloo (hpcdp.hvd_settings)
+    fusion_threshold_mb: float = -1.0
     cycle_time_ms: float = -1.0  # HOROVOD_CYCLE_TIME; negative: Horovod default
     compression: str = "none"  # none | fp16
     backward_passes_per_step: int = 1  # gradient accumulation

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hpcdp import hvd_settings
 from hpcdp.config import HorovodConfig
 from hpcdp.placement import (
     RankPlacement,
@@ -35,11 +36,18 @@ class AgreedError(RuntimeError):
     """A failure every rank knows about and raises together: a clean exit, not an abort."""
 
 
-def horovod_env(hc: HorovodConfig, run_dir: Path) -> dict[str, str]:
-    """The HOROVOD_* variables for these options (pure: Horovod reads them at init)."""
+def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
+                environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The HOROVOD_* variables for these options (pure: Horovod reads them at init).
+
+    The fusion threshold: the config's, else one already in `environ`, else
+    hpcdp's for the device and CPU backend (hvd_settings.fusion_threshold_bytes).
+    """
     env: dict[str, str] = {}
     if hc.fusion_threshold_mb >= 0:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(hc.fusion_threshold_mb * 1024 * 1024))
+    else:
+        env.update(hvd_settings.fusion_env(environ or {}, on_gpu))
     if hc.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
     if hc.stall_check_s >= 0:
@@ -52,11 +60,14 @@ def horovod_env(hc: HorovodConfig, run_dir: Path) -> dict[str, str]:
     return env
 
 
-def init(hc: HorovodConfig, run_dir: Path,
+def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
          environ: MutableMapping[str, str] | None = None) -> None:
-    """Set Horovod's variables, then hvd.init() (a collective every rank reaches first)."""
+    """Set Horovod's variables, then hvd.init() (a collective every rank reaches first).
+
+    `on_gpu`: whether gradients will live on GPUs (it decides the fusion threshold).
+    """
     environ = os.environ if environ is None else environ
-    env = horovod_env(hc, run_dir)
+    env = horovod_env(hc, run_dir, on_gpu, environ)
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)

@@ -217,11 +217,12 @@ done
 log "ranks finished with exit status $status"
 exit "$status"
 """
-# Horovod's cycle time and fusion buffer as hvd_settings measured them (one source
-# for the launcher, the benchmarks and the batch scripts); a user's export wins.
+# Horovod's cycle time as hvd_settings measured it (one source for the launcher,
+# the benchmarks and the batch scripts); a user's export wins. The fusion
+# threshold is chosen by each rank at hvd.init(), when its device is known.
 LAUNCH = LAUNCH.replace("@HOROVOD_ENV@", "\n".join(
     f'export {name}="${{{name}:-{RECOMMENDED[name]}}}"'
-    for name in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")))
+    for name in ("HOROVOD_CYCLE_TIME",)))
 
 
 def render(

@@ -25,6 +25,7 @@ Columns (all on float32 buffers of the given size):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -182,6 +183,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     import horovod.torch as hvd
 
+    os.environ.update(hvd_settings.fusion_env(os.environ, on_gpu=device == "cuda"))
     hvd.init()
     if device == "cuda":
         torch.cuda.set_device(hvd.local_rank())
@@ -230,6 +232,7 @@ def _worker(args: argparse.Namespace) -> int:
         common.write_json(args.json, {
             "np": hvd.size(),
             "device": device,
+            "fusion_threshold": int(os.environ["HOROVOD_FUSION_THRESHOLD"]),
             "columns": columns,
             "mpi_threads_supported": bool(hvd.mpi_threads_supported()) if with_mpi else None,
             "rows": rows,
@@ -457,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     idle: dict[str, dict[str, float] | None] = {}
     devices: dict[str, str] = {}
+    fusion: dict[str, int | None] = {}
     worker_args = [
         "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
         "--budget", str(budget), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
@@ -478,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += summarize(config, raw)
             idle[config.name] = idle_cost(raw)
             devices[config.name] = raw.get("device", "cpu")
+            fusion[config.name] = raw.get("fusion_threshold")
     mpi_configs = list(dict.fromkeys(r["config"] for r in rows if r["column"] == "mpi"))
     reference = "mpi-hpcdp" if "mpi-hpcdp" in mpi_configs else next(iter(mpi_configs), None)
     add_ratios(rows, reference)
@@ -488,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         "params": {"sizes": sizes, "iters": args.iters, "budget": budget,
                    "repeats": args.repeats, "warmup": args.warmup, "columns": columns},
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env),
-                             "device": devices.get(c.name)} for c in configs},
+                             "device": devices.get(c.name),
+                             "fusion_threshold": fusion.get(c.name)} for c in configs},
         "reference_mpi_config": reference,
         "rows": rows,
         "idle_compute": idle,

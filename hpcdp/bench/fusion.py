@@ -15,6 +15,7 @@ land on one side only.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -38,7 +39,10 @@ def _prefix(launcher: str) -> str:
 
 
 def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
-    """Fusion off vs on (hpcdp's threshold), everything else hpcdp's settings.
+    """Fusion off vs on, everything else hpcdp's settings.
+
+    'On' sets no threshold: the worker takes hpcdp's for its device and
+    controller at init (hvd_settings.fusion_env), as training does.
 
     With `other`, the same pair under the other controller too (MPI <-> Gloo),
     named with a 'gloo-' prefix for Gloo: each pair gives its own speedup.
@@ -59,6 +63,8 @@ def _worker(args: argparse.Namespace) -> int:
     import torch
 
     device = resolve_device(args.device, torch.cuda.is_available())
+    # 'fusion-on' leaves the threshold to hpcdp's rule, as training does.
+    os.environ.update(hvd_settings.fusion_env(os.environ, on_gpu=device == "cuda"))
     hvd.init()
     if device == "cuda":
         torch.cuda.set_device(hvd.local_rank())
@@ -84,7 +90,9 @@ def _worker(args: argparse.Namespace) -> int:
     gathered = hvd.allgather_object(seconds)
     worst = [max(s[i] for s in gathered) for i in range(args.repeats)]
     if hvd.rank() == 0:
-        common.write_json(args.json, {"np": hvd.size(), "device": device, "seconds": worst})
+        threshold = int(os.environ["HOROVOD_FUSION_THRESHOLD"])
+        common.write_json(args.json, {"np": hvd.size(), "device": device, "seconds": worst,
+                                      "fusion_threshold": threshold})
     hvd.shutdown()
     return 0
 
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                    "--device", args.device, "--compute-between", str(args.compute_between)]
     results: dict[str, list[float]] = {c.name: [] for c in configs}
+    thresholds: dict[str, int] = {}
     device = "cpu"
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
         for pair in range(args.pairs):
@@ -179,18 +188,20 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"hpcdp bench fusion: {err}", file=sys.stderr)
                     return 1
                 results[config.name] += raw["seconds"]
+                thresholds[config.name] = raw["fusion_threshold"]
                 device = raw.get("device", "cpu")
     summary = summarize(results, args.tensors, tensor_bytes)
     gains = {run: speedup(summary, f"{_prefix(run)}fusion-off", f"{_prefix(run)}fusion-on")
              for run in (args.launcher, OTHER_CONTROLLER[args.launcher])}
     gain = gains[args.launcher]
     other_gain = gains[OTHER_CONTROLLER[args.launcher]]
-    rows = [[name, s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
+    rows = [[name, common.format_size(thresholds[name]) if thresholds[name] else "off",
+             s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
             for name, s in summary.items()]
     print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)}, allreduce_async_ then "
           f"synchronize, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
           "others under the MPI controller; median of the rounds")
-    print(common.format_table(["config", "ms/round", "algbw GB/s", "rounds"], rows))
+    print(common.format_table(["config", "threshold", "ms/round", "algbw GB/s", "rounds"], rows))
     for run, g in gains.items():
         if g is not None:
             print(f"fusion speedup (off / on), {run}: {g:.2f}x")
@@ -202,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         "params": {"tensors": args.tensors, "tensor_bytes": tensor_bytes, "launcher": args.launcher,
                    "compute_between": args.compute_between,
                    "repeats": args.repeats, "warmup": args.warmup, "pairs": args.pairs},
-        "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env)} for c in configs},
+        "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env),
+                             "fusion_threshold": thresholds[c.name]} for c in configs},
         "results": summary,
         "speedup": gain,
         "speedup_other": other_gain,

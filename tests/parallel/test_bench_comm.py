@@ -62,6 +62,10 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "fusion.png").stat().st_size > 5_000
     assert data["params"]["tensors"] == 20 and data["params"]["tensor_bytes"] == 4096
     assert data["configs"]["fusion-off"]["env"]["HOROVOD_FUSION_THRESHOLD"] == "0"
+    # 'On' took hpcdp's threshold at init: 1 MiB for CPU tensors through MPI, 128 MiB in Gloo.
+    assert data["configs"]["fusion-off"]["fusion_threshold"] == 0
+    assert data["configs"]["fusion-on"]["fusion_threshold"] == 1 << 20
+    assert data["configs"]["gloo-fusion-on"]["fusion_threshold"] == 128 << 20
     assert set(data["results"]) == {"fusion-off", "fusion-on", "gloo-fusion-off",
                                     "gloo-fusion-on"} and data["device"] == "cpu"
     assert data["configs"]["gloo-fusion-on"]["launcher"] == "horovodrun-gloo"

@@ -107,7 +107,7 @@ def test_builtin_configs_differ_only_in_settings() -> None:
     assert {c.launcher for c in cfgs.values()} == {"mpirun", "horovodrun-gloo"}
     fcfg = fusion.builtin_configs("mpirun")
     assert fcfg["fusion-off"].env["HOROVOD_FUSION_THRESHOLD"] == "0"
-    assert int(fcfg["fusion-on"].env["HOROVOD_FUSION_THRESHOLD"]) >= 200 * 40 * 1024
+    assert "HOROVOD_FUSION_THRESHOLD" not in fcfg["fusion-on"].env  # hpcdp's rule, at init
     both = fusion.builtin_configs("mpirun", other=True)
     assert sorted(both) == ["fusion-off", "fusion-on", "gloo-fusion-off", "gloo-fusion-on"]
     assert both["gloo-fusion-on"].launcher == "horovodrun-gloo"
@@ -119,7 +119,31 @@ def test_settings_are_strings_and_overridable() -> None:
     assert env["HOROVOD_CYCLE_TIME"] == "2"
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     assert hvd_settings.recommended_env() == dict(hvd_settings.RECOMMENDED)  # not mutated
-    assert set(hvd_settings.default_env()) <= set(hvd_settings.RECOMMENDED)
+    # Every Horovod default is either replaced by a recommended value or chosen at init.
+    chosen_at_init = {"HOROVOD_FUSION_THRESHOLD"}
+    assert set(hvd_settings.default_env()) <= set(hvd_settings.RECOMMENDED) | chosen_at_init
+    assert not chosen_at_init & set(hvd_settings.RECOMMENDED)
+
+
+def test_fusion_threshold_by_device_and_backend() -> None:
+    mib = 1024 * 1024
+    assert hvd_settings.fusion_threshold_bytes(on_gpu=False, cpu_ops="mpi") == mib
+    assert hvd_settings.fusion_threshold_bytes(on_gpu=False, cpu_ops="gloo") == 128 * mib
+    assert hvd_settings.fusion_threshold_bytes(on_gpu=True, cpu_ops="mpi") == 128 * mib
+    # What horovodrun --gloo sets, what a user sets, and nothing (mpirun).
+    gloo_run = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    assert hvd_settings.cpu_operations(gloo_run) == "gloo"
+    assert hvd_settings.cpu_operations({"HOROVOD_CONTROLLER": "gloo"}) == "gloo"
+    assert hvd_settings.cpu_operations({"HOROVOD_CONTROLLER": "gloo",
+                                        "HOROVOD_CPU_OPERATIONS": "MPI"}) == "mpi"
+    assert hvd_settings.cpu_operations({}) == "mpi"
+    assert hvd_settings.fusion_env({}, on_gpu=False) == {"HOROVOD_FUSION_THRESHOLD": str(mib)}
+    assert hvd_settings.fusion_env(gloo_run, on_gpu=False) == {
+        "HOROVOD_FUSION_THRESHOLD": str(128 * mib)}
+    assert hvd_settings.fusion_env({}, on_gpu=True) == {
+        "HOROVOD_FUSION_THRESHOLD": str(128 * mib)}
+    # A threshold already in the environment (the user's, or fusion off) is kept.
+    assert hvd_settings.fusion_env({"HOROVOD_FUSION_THRESHOLD": "0"}, on_gpu=False) == {}
 
 
 def _raw(config: str) -> dict:

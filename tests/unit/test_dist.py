@@ -32,8 +32,18 @@ def test_too_few_gpus_and_no_gpu_errors() -> None:
 
 
 def test_horovod_env() -> None:
-    assert horovod_env(HorovodConfig(), Path("r")) == {}
+    mib = 1024 * 1024
+    # Nothing configured: the fusion threshold follows the device and the backend...
+    assert horovod_env(HorovodConfig(), Path("r")) == {"HOROVOD_FUSION_THRESHOLD": str(mib)}
+    assert horovod_env(HorovodConfig(), Path("r"), on_gpu=True) == {
+        "HOROVOD_FUSION_THRESHOLD": str(128 * mib)}
+    assert horovod_env(HorovodConfig(), Path("r"), environ={"HOROVOD_CONTROLLER": "gloo"}) == {
+        "HOROVOD_FUSION_THRESHOLD": str(128 * mib)}
+    # ...unless the environment already has one (left as it is).
+    assert horovod_env(HorovodConfig(), Path("r"),
+                       environ={"HOROVOD_FUSION_THRESHOLD": "5"}) == {}
     env = horovod_env(HorovodConfig(fusion_threshold_mb=2, cycle_time_ms=2.5,
-                                    timeline="tl.json"), Path("r"))
+                                    timeline="tl.json"), Path("r"),
+                      environ={"HOROVOD_FUSION_THRESHOLD": "5"})  # the config wins
     assert env == {"HOROVOD_FUSION_THRESHOLD": str(2 * 1024 * 1024),
                    "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_TIMELINE": str(Path("r/tl.json"))}
