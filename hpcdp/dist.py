@@ -116,6 +116,8 @@ def identity(device: torch.device) -> dict[str, Any]:
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device": str(device),
+        "controller": "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "other",
+        "fusion_threshold": int(os.environ.get("HOROVOD_FUSION_THRESHOLD", "-1")),
     }
 
 

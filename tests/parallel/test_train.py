@@ -66,6 +66,11 @@ def test_trains_under_launcher(ranks, data: Path, tmp_path: Path, launcher: str)
     ids = identities(out)
     assert sorted(i["rank"] for i in ids) == [0, 1]
     assert all(i["size"] == 2 and i["device"] == "cpu" and "host" in i for i in ids)
+    # hpcdp's fusion buffer for this device and backend: 1 MiB for CPU tensors through
+    # MPI, Horovod's 128 MiB through Gloo (hvd_settings.fusion_threshold_bytes).
+    gloo = launcher == "horovodrun-gloo"
+    assert {(i["controller"], i["fusion_threshold"]) for i in ids} == {
+        ("gloo", 128 << 20) if gloo else ("mpi", 1 << 20)}
     summary = json.loads((run / "summary.json").read_text())
     steps = 2 * (N_TRAIN // 32)
     assert summary["steps"] == steps and summary["world_size"] == 2
