@@ -117,6 +117,16 @@ def speedup(summary: Mapping[str, Mapping[str, Any]], slow: str, fast: str) -> f
     return None
 
 
+def pair_speedups(launches: Mapping[str, Sequence[Sequence[float]]], slow: str,
+                  fast: str) -> list[float]:
+    """Speedup of each launch pair (the k-th launch of `slow` against the k-th of `fast`,
+    which ran next to each other): the spread that the overall median hides."""
+    if slow not in launches or fast not in launches:
+        return []
+    return [common.median(a) / common.median(b)
+            for a, b in zip(launches[slow], launches[fast], strict=True) if a and b]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hpcdp bench fusion",
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                    "--device", args.device, "--compute-between", str(args.compute_between)]
     results: dict[str, list[float]] = {c.name: [] for c in configs}
+    launches: dict[str, list[list[float]]] = {c.name: [] for c in configs}
     thresholds: dict[str, int] = {}
     device = "cpu"
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
@@ -188,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"hpcdp bench fusion: {err}", file=sys.stderr)
                     return 1
                 results[config.name] += raw["seconds"]
+                launches[config.name].append(list(raw["seconds"]))
                 thresholds[config.name] = raw["fusion_threshold"]
                 device = raw.get("device", "cpu")
     summary = summarize(results, args.tensors, tensor_bytes)
@@ -202,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
           f"synchronize, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
           "others under the MPI controller; median of the rounds")
     print(common.format_table(["config", "threshold", "ms/round", "algbw GB/s", "rounds"], rows))
+    per_pair = {run: pair_speedups(launches, f"{_prefix(run)}fusion-off",
+                                   f"{_prefix(run)}fusion-on") for run in gains}
     for run, g in gains.items():
         if g is not None:
-            print(f"fusion speedup (off / on), {run}: {g:.2f}x")
+            spread = per_pair[run]
+            print(f"fusion speedup (off / on), {run}: {g:.2f}x"
+                  + (f" (launch pairs: {min(spread):.2f}-{max(spread):.2f}x)"
+                     if len(spread) > 1 else ""))
     out = Path(args.out)
     payload = {
         "benchmark": "fusion",
@@ -218,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": summary,
         "speedup": gain,
         "speedup_other": other_gain,
+        "speedup_per_pair": {run: v for run, v in per_pair.items() if v},
         "other_launcher": OTHER_CONTROLLER[args.launcher] if other_gain is not None else None,
     }
     print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")

@@ -99,11 +99,22 @@ def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]
         ddp_rate = common.median(ref) if ref else None
         out[model] = {
             "samples_per_s_1": r1, f"samples_per_s_{ranks}": rn,
-            "efficiency": efficiency(r1, rn, ranks), **split, "shares": share,
+            "efficiency": efficiency(r1, rn, ranks),
+            "efficiency_per_round": round_efficiencies(one, many, ranks),
+            **split, "shares": share,
             f"ddp_samples_per_s_{ranks}": ddp_rate,
             "vs_ddp": rn / ddp_rate if ddp_rate else None,
         }
     return out
+
+
+def round_efficiencies(one: Sequence[Mapping[str, Any]], many: Sequence[Mapping[str, Any]],
+                       ranks: int = 2) -> list[float]:
+    """Efficiency within each round (its own 1-rank and n-rank runs, launched back to
+    back): the spread that the median over rounds hides. Rounds missing a side are skipped."""
+    by_round = {r.get("round"): r["samples_per_s"] for r in one}
+    return [efficiency(by_round[r.get("round")], r["samples_per_s"], ranks)
+            for r in many if r.get("round") in by_round]
 
 
 def checks(summary: Mapping[str, Mapping[str, Any]], model: str = "resnet18") -> dict[str, bool]:
@@ -306,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.steps} steps after {args.warmup} warm-up, median of {args.rounds} round(s); "
           f"shares of the 2-rank step time")
     print(table(summary))
+    for model, s in summary.items():
+        per_round = s["efficiency_per_round"]
+        if len(per_round) > 1:
+            print(f"  {model}: efficiency per round "
+                  + ", ".join(f"{e:.0%}" for e in per_round))
     for name, ok in verdict.items():
         print(f"  {'met ' if ok else 'MISSED'}  {name}")
     payload = {

@@ -69,6 +69,8 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     assert set(data["results"]) == {"fusion-off", "fusion-on", "gloo-fusion-off",
                                     "gloo-fusion-on"} and data["device"] == "cpu"
     assert data["configs"]["gloo-fusion-on"]["launcher"] == "horovodrun-gloo"
+    assert {run: len(v) for run, v in data["speedup_per_pair"].items()} == {
+        "mpirun": 1, "horovodrun-gloo": 1}  # one launch pair each
     for result in data["results"].values():
         assert len(result["seconds"]) == 3
         assert all(_positive(t) for t in result["seconds"])

@@ -45,6 +45,7 @@ def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
         for key in ("samples_per_s_1", "samples_per_s_2", "efficiency",
                     "ddp_samples_per_s_2", "vs_ddp"):
             assert _positive(s[key]), (model, key, s)
+        assert len(s["efficiency_per_round"]) == 1 and _positive(s["efficiency_per_round"][0])
         assert set(s["shares"]) == {"data", "compute", "comm", "other"}
         assert all(0.0 <= v <= 1.0 for v in s["shares"].values()), s["shares"]
     assert set(summary["checks"]) == {"resnet18 efficiency >= 90%", "resnet18 data share < 5%",

@@ -183,6 +183,13 @@ def test_fusion_summary_and_speedup() -> None:
     assert math.isclose(summary["fusion-on"]["algbw_GBps"], 200 * 40 * 1024 / 0.015 / 1e9)
 
 
+def test_fusion_speedup_per_launch_pair() -> None:
+    launches = {"fusion-off": [[0.08, 0.09, 0.1], [0.2]], "fusion-on": [[0.04, 0.05], [0.05]]}
+    assert fusion.pair_speedups(launches, "fusion-off", "fusion-on") == pytest.approx(
+        [0.09 / 0.045, 0.2 / 0.05])
+    assert fusion.pair_speedups(launches, "fusion-off", "gloo-fusion-on") == []
+
+
 def test_write_json_adds_metadata(tmp_path) -> None:
     path = common.write_json(tmp_path / "sub" / "r.json", {"benchmark": "x", "rows": [1]})
     data = common.read_json(path)

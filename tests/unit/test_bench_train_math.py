@@ -48,14 +48,18 @@ def test_steady_state_drops_warmup_and_weights_windows_by_steps() -> None:
 
 
 def test_summary_medians_ratios_and_checks() -> None:
-    runs = [{"model": "resnet18", "np": 1, "samples_per_s": v, "step_ms": 1, "data_ms": 0,
-             "compute_ms": 1, "comm_ms": 0} for v in (100.0, 170.0, 180.0)]
-    runs += [{"model": "resnet18", "np": 2, "samples_per_s": v, "step_ms": 200.0,
-              "data_ms": 2.0, "compute_ms": 180.0, "comm_ms": 15.0} for v in (300.0, 320.0)]
+    runs = [{"round": r, "model": "resnet18", "np": 1, "samples_per_s": v, "step_ms": 1,
+             "data_ms": 0, "compute_ms": 1, "comm_ms": 0}
+            for r, v in enumerate((100.0, 170.0, 180.0))]
+    runs += [{"round": r, "model": "resnet18", "np": 2, "samples_per_s": v, "step_ms": 200.0,
+              "data_ms": 2.0, "compute_ms": 180.0, "comm_ms": 15.0}
+             for r, v in enumerate((300.0, 320.0))]
     ddp = [{"model": "resnet18", "samples_per_s": 320.0}]
     s = summarize(runs, ddp)["resnet18"]
     assert s["samples_per_s_1"] == 170.0 and s["samples_per_s_2"] == 310.0
     assert s["efficiency"] == pytest.approx(310 / 340)
+    # Each round's own pair: 300 / (2 x 100), 320 / (2 x 170); round 2 has no 2-rank run.
+    assert s["efficiency_per_round"] == pytest.approx([1.5, 320 / 340])
     assert s["vs_ddp"] == pytest.approx(310 / 320)
     assert s["shares"]["data"] == pytest.approx(0.01)
     verdict = checks({"resnet18": s})
