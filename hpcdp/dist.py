@@ -74,13 +74,18 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
     hvd.init()
 
 
+def wants_gpu(kind: str, cuda_available: bool) -> bool:
+    """Whether run.device `kind` (auto | cpu | cuda) puts this rank on a GPU (pure)."""
+    return kind == "cuda" or (kind == "auto" and cuda_available)
+
+
 def choose_device(kind: str, local_rank: int, cuda_available: bool, device_count: int,
                   visible: str | None) -> torch.device:
     """One GPU per local rank; device 0 when the scheduler narrowed visibility to one GPU.
 
     `kind` is auto | cpu | cuda. Pure, so the placement rule is testable without GPUs.
     """
-    if kind == "cpu" or (kind == "auto" and not cuda_available):
+    if not wants_gpu(kind, cuda_available):
         return torch.device("cpu")
     if not cuda_available or device_count < 1:
         raise AgreedError("run.device='cuda' but no CUDA device is visible to this rank")

@@ -48,11 +48,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+#: Horovod's own fusion threshold (bytes): kept on GPUs and under Gloo.
+HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
+#: hpcdp's threshold for CPU tensors reduced through MPI: one core's L2 cache.
+CPU_MPI_FUSION_BYTES = 1024 * 1024
+
 # What Horovod 0.28.1 and Open MPI 4.1 use when nothing is set (read from their
 # sources): the baseline the benchmarks compare against.
 HOROVOD_DEFAULTS: Mapping[str, str] = {
     "HOROVOD_CYCLE_TIME": "1",  # milliseconds
-    "HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024),  # bytes
+    "HOROVOD_FUSION_THRESHOLD": str(HOROVOD_FUSION_BYTES),  # bytes
     "OMPI_MCA_mpi_yield_when_idle": "0",
 }
 
@@ -76,12 +81,6 @@ def recommended_env(overrides: Mapping[str, object] | None = None) -> dict[str, 
 def default_env() -> dict[str, str]:
     """Horovod's and Open MPI's own defaults, set explicitly so a stray variable cannot leak in."""
     return dict(HOROVOD_DEFAULTS)
-
-
-#: Horovod's own fusion threshold (bytes): kept on GPUs and under Gloo.
-HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
-#: hpcdp's threshold for CPU tensors reduced through MPI: one core's L2 cache.
-CPU_MPI_FUSION_BYTES = 1024 * 1024
 
 
 def cpu_operations(environ: Mapping[str, str]) -> str:

@@ -301,9 +301,8 @@ def train(cfg: Config) -> int:
     preempt = None
     if cfg.preempt.enabled and cfg.preempt.signals:
         preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
-    kind = cfg.run.device
     dist.init(cfg.horovod, run_dir,
-              on_gpu=kind == "cuda" or (kind == "auto" and torch.cuda.is_available()))
+              on_gpu=dist.wants_gpu(cfg.run.device, torch.cuda.is_available()))
     rank, size = hvd.rank(), hvd.size()
     root = rank == 0
     setup_logging(None, root)

@@ -34,8 +34,10 @@ OTHER_CONTROLLER = {"mpirun": "horovodrun-gloo", "horovodrun": "horovodrun-gloo"
                     "horovodrun-gloo": "mpirun"}
 
 
-def _prefix(launcher: str) -> str:
-    return "gloo-" if launcher == "horovodrun-gloo" else ""
+def pair_names(launcher: str) -> tuple[str, str]:
+    """The (off, on) configuration names of the pair run under `launcher`."""
+    pre = "gloo-" if launcher == "horovodrun-gloo" else ""
+    return f"{pre}fusion-off", f"{pre}fusion-on"
 
 
 def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
@@ -50,10 +52,9 @@ def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
     tuned = hvd_settings.recommended_env()
     out = {}
     for run in (launcher, OTHER_CONTROLLER[launcher]) if other else (launcher,):
-        pre = _prefix(run)
-        out[f"{pre}fusion-off"] = RunConfig(f"{pre}fusion-off", run,
-                                            {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"})
-        out[f"{pre}fusion-on"] = RunConfig(f"{pre}fusion-on", run, tuned)
+        off, on = pair_names(run)
+        out[off] = RunConfig(off, run, {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"})
+        out[on] = RunConfig(on, run, tuned)
     return out
 
 
@@ -203,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                 thresholds[config.name] = raw["fusion_threshold"]
                 device = raw.get("device", "cpu")
     summary = summarize(results, args.tensors, tensor_bytes)
-    gains = {run: speedup(summary, f"{_prefix(run)}fusion-off", f"{_prefix(run)}fusion-on")
-             for run in (args.launcher, OTHER_CONTROLLER[args.launcher])}
+    runs = (args.launcher, OTHER_CONTROLLER[args.launcher])
+    gains = {run: speedup(summary, *pair_names(run)) for run in runs}
     gain = gains[args.launcher]
     other_gain = gains[OTHER_CONTROLLER[args.launcher]]
     rows = [[name, common.format_size(thresholds[name]) if thresholds[name] else "off",
@@ -214,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
           f"synchronize, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
           "others under the MPI controller; median of the rounds")
     print(common.format_table(["config", "threshold", "ms/round", "algbw GB/s", "rounds"], rows))
-    per_pair = {run: pair_speedups(launches, f"{_prefix(run)}fusion-off",
-                                   f"{_prefix(run)}fusion-on") for run in gains}
+    per_pair = {run: pair_speedups(launches, *pair_names(run)) for run in runs}
     for run, g in gains.items():
         if g is not None:
             spread = per_pair[run]
