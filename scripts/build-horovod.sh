@@ -3,6 +3,7 @@
 #
 #   SRC=horovod-0.28.1 PY=.venv/bin/python WHEELDIR=out GPU_OPS=auto bash scripts/build-horovod.sh
 #   PY=.venv/bin/python bash scripts/build-horovod.sh --gpu-ops   # print what auto picks
+#   SRC=... PY=... WHEELDIR=... bash scripts/build-horovod.sh --patch-only   # patch, no build
 #
 # Called by setup-python.sh (which downloads the source release) and usable on
 # its own on a node that cannot reach a package index. What it does:
@@ -53,11 +54,13 @@ PYEOF
 )
 [ -z "$missing" ] || die "$PY lacks what Horovod's build needs: $missing (pip install $missing)"
 
-grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC" \
+# (grep finds nothing in a source tree patched by an earlier run: not an error.)
+{ grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC" || true; } \
   | xargs -r sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'
 if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
   die "failed to switch Horovod's C++ standard to 17"
 fi
+if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17); not building"; exit 0; fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
 # standard headers, and some of the release's files rely on that (group_table.h,

@@ -1,0 +1,50 @@
+"""scripts/build-horovod.sh's source patching, run on a small stand-in source tree.
+
+The build itself is exercised by `make test`'s setup on a fresh machine; what
+is checked here is that patching is idempotent: a second run over a tree the
+first run patched (a retried build) must go on, not stop silently.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-horovod.sh"
+
+
+def _tree(root: Path) -> Path:
+    src = root / "horovod-0.28.1"
+    (src / "third_party" / "gloo").mkdir(parents=True)
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: horovod\nVersion: 0.28.1\n")
+    (src / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
+    (src / "third_party" / "gloo" / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
+    return src
+
+
+def _patch(src: Path, wheels: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SRC": str(src), "PY": sys.executable, "WHEELDIR": str(wheels),
+           "GPU_OPS": "none"}
+    return subprocess.run(["bash", str(SCRIPT), "--patch-only"], env=env, capture_output=True,
+                           text=True, timeout=120)
+
+
+def test_patching_twice_goes_on(tmp_path: Path) -> None:
+    src = _tree(tmp_path)
+    for attempt in (1, 2):
+        done = _patch(src, tmp_path / "wheels")
+        assert done.returncode == 0, f"attempt {attempt}: {done.stdout}{done.stderr}"
+        assert "patched" in done.stdout, f"attempt {attempt} stopped before patching"
+        for cmake in (src / "CMakeLists.txt", src / "third_party" / "gloo" / "CMakeLists.txt"):
+            assert cmake.read_text() == "set(CMAKE_CXX_STANDARD 17)\n"
+
+
+def test_refuses_another_release(tmp_path: Path) -> None:
+    src = _tree(tmp_path)
+    (src / "PKG-INFO").write_text("Name: horovod\nVersion: 0.27.0\n")
+    done = _patch(src, tmp_path / "wheels")
+    assert done.returncode != 0
+    assert "not the horovod 0.28.1 source release" in done.stderr
+    assert (src / "CMakeLists.txt").read_text() == "set(CMAKE_CXX_STANDARD 14)\n"
