@@ -41,6 +41,7 @@ from hpcdp import faults
 from hpcdp import schedule as sched
 from hpcdp.cli import report_crashes
 from hpcdp.config import Config, ConfigError
+from hpcdp.grad_buckets import CPU_BUCKET_BYTES, bucketed
 from hpcdp.models import ModelError, check_name
 
 log = logging.getLogger("hpcdp.train")
@@ -512,7 +513,7 @@ def bucket_bytes(cfg: Config, device: torch.device) -> int:
     if hc.op == "adasum" or hc.compression != "none" or hc.bucket_mb == 0:
         return 0
     if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.grad_buckets)
-        return 0 if device.type == "cuda" else 4 << 20
+        return 0 if device.type == "cuda" else CPU_BUCKET_BYTES
     return max(1, int(hc.bucket_mb * (1 << 20)))
 
 
@@ -523,8 +524,6 @@ def _distributed_optimizer(cfg: Config, model: torch.nn.Module, device: torch.de
     base = _optimizer(cfg, model)
     size = bucket_bytes(cfg, device)
     if size and hvd.size() > 1:  # one rank has nothing to average: no copies then
-        from hpcdp.grad_buckets import bucketed
-
         try:
             return bucketed(base, size, accum, cfg.horovod.gradient_predivide_factor)
         except ValueError as e:  # parameters of several dtypes or devices

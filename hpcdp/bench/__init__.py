@@ -56,6 +56,9 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
             if gain is not None:
                 rows.append((f"fusion on >= 2x faster than off ({run})", f"{gain:.2f}x",
                              gain >= 2.0))
+        for run, gain in (result.get("speedup_buckets") or {}).items():
+            rows.append((f"hpcdp gradient buckets >= 2x faster than off ({run})",
+                         f"{gain:.2f}x", gain >= 2.0))
         return rows
     if name == "prep" and "speedup_2_over_1" in summary:
         return [("prep: 2 ranks not slower than 1", f"{summary['speedup_2_over_1']:.2f}x",

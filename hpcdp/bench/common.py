@@ -260,6 +260,8 @@ class RunConfig:
     name: str
     launcher: str
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Extra worker arguments of this configuration (e.g. what the worker measures).
+    args: tuple[str, ...] = ()
 
     @property
     def uses_mpi(self) -> bool:
@@ -281,11 +283,13 @@ def parse_config(spec: str, base: Mapping[str, RunConfig] | None = None) -> RunC
     else:
         head, _, assigns = rest.partition(":")
     env: dict[str, str] = {}
+    args: tuple[str, ...] = ()
     if head in LAUNCHERS:
         launcher = head
     elif base is not None and head in base:
         launcher = base[head].launcher
         env.update(base[head].env)
+        args = base[head].args
     else:
         known = list(LAUNCHERS) + list(base or {})
         raise ValueError(f"configuration {spec!r}: unknown launcher or base {head!r}; "
@@ -295,7 +299,7 @@ def parse_config(spec: str, base: Mapping[str, RunConfig] | None = None) -> RunC
         if not eq or not key:
             raise ValueError(f"configuration {spec!r}: {item!r} is not KEY=VALUE")
         env[key] = value
-    return RunConfig(name.strip(), launcher, env)
+    return RunConfig(name.strip(), launcher, env, args)
 
 
 class BenchError(RuntimeError):
@@ -320,7 +324,8 @@ def run_worker(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     path = Path(json_path)
     path.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", module, "--worker", "--json", str(path), *worker_args]
+    argv = [sys.executable, "-m", module, "--worker", "--json", str(path), *worker_args,
+            *config.args]
     run = run_ranks(argv, np=np, launcher=config.launcher, timeout=timeout, env=env)
     if not run.ok:
         raise BenchError(f"configuration {config.name!r} failed:\n{run.describe()[-6000:]}")

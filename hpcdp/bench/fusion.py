@@ -10,6 +10,11 @@ decides what fusion gains: a few tens of microseconds through MPI over shared
 memory, about half a millisecond through Gloo's TCP); launches alternate
 (off, on, off, on...) so that a burst of load elsewhere on the machine does not
 land on one side only.
+
+A third configuration per controller, 'buckets', is the fusion hpcdp trains
+with on CPUs (hpcdp.grad_buckets): each tensor is handed over as a gradient,
+copied into its place in a flat 4 MiB bucket, and each full bucket is reduced
+in place with one all-reduce, with no copy out.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
+from hpcdp.grad_buckets import CPU_BUCKET_BYTES
 from hpcdp.launcher import LAUNCHERS
 
 #: The controller compared beside `--launcher`'s: fusion's gain depends on what one call costs.
@@ -34,27 +40,30 @@ OTHER_CONTROLLER = {"mpirun": "horovodrun-gloo", "horovodrun": "horovodrun-gloo"
                     "horovodrun-gloo": "mpirun"}
 
 
-def pair_names(launcher: str) -> tuple[str, str]:
-    """The (off, on) configuration names of the pair run under `launcher`."""
+def config_names(launcher: str) -> tuple[str, str, str]:
+    """The (off, on, buckets) configuration names run under `launcher`."""
     pre = "gloo-" if launcher == "horovodrun-gloo" else ""
-    return f"{pre}fusion-off", f"{pre}fusion-on"
+    return f"{pre}fusion-off", f"{pre}fusion-on", f"{pre}buckets"
 
 
 def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
-    """Fusion off vs on, everything else hpcdp's settings.
+    """Fusion off, Horovod's fusion on, hpcdp's gradient buckets; else hpcdp's settings.
 
     'On' sets no threshold: the worker takes hpcdp's for its device and
-    controller at init (hvd_settings.fusion_env), as training does.
+    controller at init (hvd_settings.fusion_env), as training does. 'Buckets'
+    hands the tensors to hpcdp.grad_buckets with training's CPU bucket size.
 
-    With `other`, the same pair under the other controller too (MPI <-> Gloo),
-    named with a 'gloo-' prefix for Gloo: each pair gives its own speedup.
+    With `other`, the same under the other controller too (MPI <-> Gloo),
+    named with a 'gloo-' prefix for Gloo: each controller gives its own speedups.
     """
     tuned = hvd_settings.recommended_env()
     out = {}
     for run in (launcher, OTHER_CONTROLLER[launcher]) if other else (launcher,):
-        off, on = pair_names(run)
+        off, on, buckets = config_names(run)
         out[off] = RunConfig(off, run, {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"})
         out[on] = RunConfig(on, run, tuned)
+        out[buckets] = RunConfig(buckets, run, tuned,
+                                 ("--bucket-bytes", str(CPU_BUCKET_BYTES)))
     return out
 
 
@@ -73,27 +82,57 @@ def _worker(args: argparse.Namespace) -> int:
     tensors = [torch.zeros(n, device=device) for _ in range(args.tensors)]
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(384, 384, generator=gen).to(device) for _ in range(2))
+
+    def backward_work() -> None:
+        for _ in range(args.compute_between):  # a backward pass's work between gradients
+            torch.mm(a, b)
+
+    if args.bucket_bytes:
+        from hpcdp.grad_buckets import bucketed
+
+        # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
+        params = [torch.nn.Parameter(torch.zeros(n, device=device)) for _ in tensors]
+        opt = bucketed(torch.optim.SGD(params, lr=0.0), args.bucket_bytes)
+        for t in tensors:
+            t.fill_(hvd.rank() + 1)
+
+        def one_round() -> None:
+            for p, grad in zip(reversed(params), tensors, strict=True):  # backward's order
+                backward_work()
+                p.grad = grad
+                opt.grad_ready(p)
+            opt.synchronize()
+    else:
+        def one_round() -> None:
+            handles = []
+            for i, t in enumerate(tensors):
+                backward_work()
+                handles.append(hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}"))
+            for handle in handles:
+                hvd.synchronize(handle)
+
     seconds: list[float] = []
     for rnd in range(args.warmup + args.repeats):
         hvd.barrier()
         start = time.perf_counter()
-        handles = []
-        for i, t in enumerate(tensors):
-            for _ in range(args.compute_between):  # a backward pass's work between gradients
-                torch.mm(a, b)
-            handles.append(hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}"))
-        for handle in handles:
-            hvd.synchronize(handle)
+        one_round()
         if device == "cuda":
             torch.cuda.synchronize()
         if rnd >= args.warmup:
             seconds.append(time.perf_counter() - start)
+    if args.bucket_bytes:
+        mean = (hvd.size() + 1) / 2
+        wrong = [i for i, p in enumerate(params) if not torch.all(p.grad == mean)]
+        if wrong:
+            raise RuntimeError(f"gradient buckets: {len(wrong)} of {len(params)} gradients are "
+                               f"not the mean over ranks ({mean}), e.g. parameter {wrong[0]}")
     gathered = hvd.allgather_object(seconds)
     worst = [max(s[i] for s in gathered) for i in range(args.repeats)]
     if hvd.rank() == 0:
         threshold = int(os.environ["HOROVOD_FUSION_THRESHOLD"])
         common.write_json(args.json, {"np": hvd.size(), "device": device, "seconds": worst,
-                                      "fusion_threshold": threshold})
+                                      "fusion_threshold": threshold,
+                                      "bucket_bytes": args.bucket_bytes})
     hvd.shutdown()
     return 0
 
@@ -128,6 +167,15 @@ def pair_speedups(launches: Mapping[str, Sequence[Sequence[float]]], slow: str,
             for a, b in zip(launches[slow], launches[fast], strict=True) if a and b]
 
 
+def fused_by(threshold: int, bucket_bytes: int) -> str:
+    """What packs a configuration's tensors into fewer all-reduces, for the table."""
+    if bucket_bytes:
+        return f"hpcdp buckets {common.format_size(bucket_bytes)}"
+    if threshold:
+        return f"Horovod {common.format_size(threshold)}"
+    return "nothing"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hpcdp bench fusion",
@@ -157,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--tensor-bytes", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--bucket-bytes", type=int, default=0, help=argparse.SUPPRESS)
     return p
 
 
@@ -188,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[float]] = {c.name: [] for c in configs}
     launches: dict[str, list[list[float]]] = {c.name: [] for c in configs}
     thresholds: dict[str, int] = {}
+    bucket_bytes: dict[str, int] = {}
     device = "cpu"
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
         for pair in range(args.pairs):
@@ -202,26 +252,33 @@ def main(argv: list[str] | None = None) -> int:
                 results[config.name] += raw["seconds"]
                 launches[config.name].append(list(raw["seconds"]))
                 thresholds[config.name] = raw["fusion_threshold"]
+                bucket_bytes[config.name] = raw.get("bucket_bytes", 0)
                 device = raw.get("device", "cpu")
     summary = summarize(results, args.tensors, tensor_bytes)
     runs = (args.launcher, OTHER_CONTROLLER[args.launcher])
-    gains = {run: speedup(summary, *pair_names(run)) for run in runs}
+    names = {run: config_names(run) for run in runs}
+    gains = {run: speedup(summary, off, on) for run, (off, on, _) in names.items()}
+    bucket_gains = {run: speedup(summary, off, bk) for run, (off, _, bk) in names.items()}
     gain = gains[args.launcher]
     other_gain = gains[OTHER_CONTROLLER[args.launcher]]
-    rows = [[name, common.format_size(thresholds[name]) if thresholds[name] else "off",
+    rows = [[name, fused_by(thresholds[name], bucket_bytes[name]),
              s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
             for name, s in summary.items()]
-    print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)}, allreduce_async_ then "
-          f"synchronize, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
+    print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)} handed over one by one, "
+          f"then waited for, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
           "others under the MPI controller; median of the rounds")
-    print(common.format_table(["config", "threshold", "ms/round", "algbw GB/s", "rounds"], rows))
-    per_pair = {run: pair_speedups(launches, *pair_names(run)) for run in runs}
-    for run, g in gains.items():
-        if g is not None:
-            spread = per_pair[run]
-            print(f"fusion speedup (off / on), {run}: {g:.2f}x"
-                  + (f" (launch pairs: {min(spread):.2f}-{max(spread):.2f}x)"
-                     if len(spread) > 1 else ""))
+    print(common.format_table(["config", "fused by", "ms/round", "algbw GB/s", "rounds"], rows))
+    per_pair = {run: pair_speedups(launches, off, on) for run, (off, on, _) in names.items()}
+    bucket_pairs = {run: pair_speedups(launches, off, bk) for run, (off, _, bk) in names.items()}
+    for label, speedups, spreads in (("fusion speedup (off / on)", gains, per_pair),
+                                     ("gradient buckets speedup (off / buckets)", bucket_gains,
+                                      bucket_pairs)):
+        for run, g in speedups.items():
+            if g is not None:
+                spread = spreads[run]
+                print(f"{label}, {run}: {g:.2f}x"
+                      + (f" (launch pairs: {min(spread):.2f}-{max(spread):.2f}x)"
+                         if len(spread) > 1 else ""))
     out = Path(args.out)
     payload = {
         "benchmark": "fusion",
@@ -231,11 +288,15 @@ def main(argv: list[str] | None = None) -> int:
                    "compute_between": args.compute_between,
                    "repeats": args.repeats, "warmup": args.warmup, "pairs": args.pairs},
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env),
-                             "fusion_threshold": thresholds[c.name]} for c in configs},
+                             "fusion_threshold": thresholds[c.name],
+                             "bucket_bytes": bucket_bytes[c.name]} for c in configs},
         "results": summary,
         "speedup": gain,
         "speedup_other": other_gain,
         "speedup_per_pair": {run: v for run, v in per_pair.items() if v},
+        # hpcdp's gradient buckets (what CPU training uses) against fusion off.
+        "speedup_buckets": {run: g for run, g in bucket_gains.items() if g is not None},
+        "speedup_buckets_per_pair": {run: v for run, v in bucket_pairs.items() if v},
         "other_launcher": OTHER_CONTROLLER[args.launcher] if other_gain is not None else None,
     }
     print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
@@ -245,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         title = f"{args.tensors} x {common.format_size(tensor_bytes)} async all-reduce"
         if gain is not None:
             title += f": fusion {gain:.1f}x faster"
+        if bucket_gains[args.launcher] is not None:
+            title += f", buckets {bucket_gains[args.launcher]:.1f}x"
         png = common.plot_bars(out / f"{args.name}.png", medians, "ms per round", title, points)
         print(f"wrote {png}")
     return 0

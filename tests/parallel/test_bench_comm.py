@@ -14,6 +14,7 @@ import pytest
 
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench import main as bench_main
+from hpcdp.grad_buckets import CPU_BUCKET_BYTES
 
 pytestmark = pytest.mark.parallel
 
@@ -57,7 +58,8 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     argv = ["--tensors", "20", "--tensor-size", "4KiB", "--repeats", "3", "--warmup", "1",
             "--pairs", "1", "--out", str(tmp_path), "--timeout", "120"]
     assert fusion.main(argv) == 0
-    assert "fusion speedup (off / on)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "fusion speedup (off / on)" in printed and "hpcdp buckets 4 MiB" in printed
     data = json.loads((tmp_path / "fusion.json").read_text())
     assert (tmp_path / "fusion.png").stat().st_size > 5_000
     assert data["params"]["tensors"] == 20 and data["params"]["tensor_bytes"] == 4096
@@ -66,11 +68,16 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     assert data["configs"]["fusion-off"]["fusion_threshold"] == 0
     assert data["configs"]["fusion-on"]["fusion_threshold"] == 1 << 20
     assert data["configs"]["gloo-fusion-on"]["fusion_threshold"] == 128 << 20
-    assert set(data["results"]) == {"fusion-off", "fusion-on", "gloo-fusion-off",
-                                    "gloo-fusion-on"} and data["device"] == "cpu"
+    assert set(data["results"]) == {"fusion-off", "fusion-on", "buckets", "gloo-fusion-off",
+                                    "gloo-fusion-on", "gloo-buckets"} and data["device"] == "cpu"
     assert data["configs"]["gloo-fusion-on"]["launcher"] == "horovodrun-gloo"
     assert {run: len(v) for run, v in data["speedup_per_pair"].items()} == {
         "mpirun": 1, "horovodrun-gloo": 1}  # one launch pair each
+    # The buckets rows ran through hpcdp.grad_buckets (whose worker checks the mean).
+    assert data["configs"]["buckets"]["bucket_bytes"] == CPU_BUCKET_BYTES
+    assert data["configs"]["fusion-on"]["bucket_bytes"] == 0
+    assert set(data["speedup_buckets"]) == {"mpirun", "horovodrun-gloo"}
+    assert all(_positive(g) for g in data["speedup_buckets"].values())
     for result in data["results"].values():
         assert len(result["seconds"]) == 3
         assert all(_positive(t) for t in result["seconds"])

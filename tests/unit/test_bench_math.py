@@ -10,6 +10,7 @@ import pytest
 from hpcdp import hvd_settings
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench.common import RunConfig
+from hpcdp.grad_buckets import CPU_BUCKET_BYTES
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,10 @@ def test_parse_config() -> None:
     derived = common.parse_config("b3=mpi-hpcdp+B=3", base)
     assert derived.launcher == "mpirun" and dict(derived.env) == {"A": "1", "B": "3"}
     assert not common.parse_config("g=horovodrun-gloo", base).uses_mpi
+    # A configuration's worker arguments travel to the ones derived from it.
+    base["bk"] = RunConfig("bk", "mpirun", {"A": "1"}, ("--bucket-bytes", "64"))
+    assert common.parse_config("bk2=bk+A=2", base).args == ("--bucket-bytes", "64")
+    assert common.parse_config("plain=mpirun", base).args == ()
     for bad in ("noequals", "x=", "x=srun", "x=mpirun:NOVALUE", "x=nobase+A=1"):
         with pytest.raises(ValueError, match="configuration"):
             common.parse_config(bad, base)
@@ -108,10 +113,23 @@ def test_builtin_configs_differ_only_in_settings() -> None:
     fcfg = fusion.builtin_configs("mpirun")
     assert fcfg["fusion-off"].env["HOROVOD_FUSION_THRESHOLD"] == "0"
     assert "HOROVOD_FUSION_THRESHOLD" not in fcfg["fusion-on"].env  # hpcdp's rule, at init
+    # Buckets: training's CPU bucket size, the worker told so; only the 'on' settings.
+    assert fcfg["buckets"].args == ("--bucket-bytes", str(CPU_BUCKET_BYTES))
+    assert fcfg["buckets"].env == fcfg["fusion-on"].env and fcfg["fusion-on"].args == ()
     both = fusion.builtin_configs("mpirun", other=True)
-    assert sorted(both) == ["fusion-off", "fusion-on", "gloo-fusion-off", "gloo-fusion-on"]
+    assert sorted(both) == ["buckets", "fusion-off", "fusion-on", "gloo-buckets",
+                            "gloo-fusion-off", "gloo-fusion-on"]
     assert both["gloo-fusion-on"].launcher == "horovodrun-gloo"
+    assert both["gloo-buckets"].launcher == "horovodrun-gloo"
     assert both["gloo-fusion-off"].env["HOROVOD_FUSION_THRESHOLD"] == "0"
+    assert fusion.config_names("horovodrun-gloo") == (
+        "gloo-fusion-off", "gloo-fusion-on", "gloo-buckets")
+
+
+def test_what_fuses_each_configuration() -> None:
+    assert fusion.fused_by(0, 0) == "nothing"
+    assert fusion.fused_by(1 << 20, 0) == "Horovod 1 MiB"
+    assert fusion.fused_by(1 << 20, 4 << 20) == "hpcdp buckets 4 MiB"
 
 
 def test_settings_are_strings_and_overridable() -> None:

@@ -79,6 +79,9 @@ def test_target_rows_of_the_other_benchmarks() -> None:
     assert targets("fusion", {"speedup": 0.9})[0][2] is False
     assert targets("fusion", {"speedup": 1.6})[0][2] is False  # the issue asks for 2x
     assert targets("fusion", {"speedup": 2.1})[0][2] is True
+    with_buckets = targets("fusion", {"speedup": 1.9, "speedup_buckets": {"mpirun": 2.2}})
+    assert [(("buckets" in check), ok) for check, _, ok in with_buckets] == [
+        (False, False), (True, True)]
     assert targets("prep", {"summary": {"speedup_2_over_1": 1.5, "checks": {}}})[0][2] is True
     reader = targets("reader", {"summary": {"checks": {"a": True, "b": False}}})
     assert [ok for _, _, ok in reader] == [True, False]
