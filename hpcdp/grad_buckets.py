@@ -108,9 +108,22 @@ class _Bucketed:
         self._handles.clear()
 
     def _launch(self, b: int) -> None:
+        """Scale the bucket (by 1/ranks, so that the all-reduce is a plain sum: Horovod's
+        Average would scale the reduced buffer in a second pass) and start its all-reduce.
+
+        One multiply over the whole bucket, not one per gradient: on a 40 KiB tensor a
+        multiply into the bucket costs ~5 us, nearly all of it per call, a plain copy
+        ~2 us, and a multiply over a 4 MiB bucket just written (still in cache) ~70 us.
+        Measured with 200 gradients of 40 KiB (`hpcdp bench fusion`, 2 ranks): 4.1
+        instead of 4.5-4.9 ms a round. ResNet-18 (62 tensors, 11 MB), one rank, batch 32:
+        forward, backward and synchronize 62-65 ms a step either way (within noise).
+        """
         start, stop = self._buckets[b]
+        bucket = self._flat[start:stop]
+        if self._prescale != 1.0:
+            bucket.mul_(self._prescale)
         self._handles[b] = self._hvd.allreduce_async_(
-            self._flat[start:stop], name=f"hpcdp.grad_bucket.{b}", op=self._hvd.Sum,
+            bucket, name=f"hpcdp.grad_bucket.{b}", op=self._hvd.Sum,
             postscale_factor=self._postscale)
 
     def grad_ready(self, p: torch.Tensor) -> None:
@@ -132,9 +145,8 @@ class _Bucketed:
     def _take(self, p: torch.Tensor) -> None:
         """Move p's gradient into its place in the flat buffer; the view becomes p.grad.
 
-        One copy per step, made while backward goes on, scaled on the way (by 1/ranks,
-        so that the all-reduce is a plain sum: Horovod's Average would scale the
-        reduced buffer in a second pass); the gradient autograd made is freed.
+        One copy per step, made while backward goes on (scaled with its bucket at
+        launch); the gradient autograd made is freed.
         (Keeping gradients as views across steps instead costs zeroing the buffer
         and accumulating into it: measured slower.)
         """
@@ -146,10 +158,8 @@ class _Bucketed:
                 f"a parameter of shape {tuple(p.shape)} has a sparse gradient, which flat "
                 "gradient buckets cannot hold: set horovod.bucket_mb=0 to average through "
                 "Horovod's DistributedOptimizer")
-        elif p.grad is view:
-            view.mul_(self._prescale)
-        else:
-            torch.mul(p.grad, self._prescale, out=view)
+        elif p.grad is not view:
+            view.copy_(p.grad)
         p.grad = view
         self._taken.add(id(p))
 
