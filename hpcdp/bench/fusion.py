@@ -32,7 +32,7 @@ from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
-from hpcdp.grad_buckets import CPU_BUCKET_BYTES
+from hpcdp.grad_buckets import CPU_BUCKET_BYTES, bucketed
 from hpcdp.launcher import LAUNCHERS
 
 #: The controller compared beside `--launcher`'s: fusion's gain depends on what one call costs.
@@ -68,7 +68,8 @@ def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    """One rank: time rounds of N async in-place all-reduces; rank 0 writes the JSON."""
+    """One rank: time rounds of N tensors reduced asynchronously, each handed to Horovod
+    (in place) or, with --bucket-bytes, to hpcdp's gradient buckets; rank 0 writes the JSON."""
     import horovod.torch as hvd
     import torch
 
@@ -88,8 +89,6 @@ def _worker(args: argparse.Namespace) -> int:
             torch.mm(a, b)
 
     if args.bucket_bytes:
-        from hpcdp.grad_buckets import bucketed
-
         # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
         params = [torch.nn.Parameter(torch.zeros(n, device=device)) for _ in tensors]
         opt = bucketed(torch.optim.SGD(params, lr=0.0), args.bucket_bytes)
