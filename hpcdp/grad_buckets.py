@@ -31,10 +31,6 @@ from typing import Any
 
 import torch
 
-#: Bucket size hpcdp trains with on CPUs (horovod.bucket_mb < 0): 3 buckets for
-#: ResNet-18 at width 32; 1, 2, 8 and 64 MiB were no faster on 2 ranks.
-CPU_BUCKET_BYTES = 4 << 20
-
 
 def plan(sizes: Sequence[int], bucket_elems: int) -> list[range]:
     """Consecutive runs of item indices, each holding at least `bucket_elems` in all

@@ -41,7 +41,8 @@ from hpcdp import faults
 from hpcdp import schedule as sched
 from hpcdp.cli import report_crashes
 from hpcdp.config import Config, ConfigError
-from hpcdp.grad_buckets import CPU_BUCKET_BYTES, bucketed
+from hpcdp.grad_buckets import bucketed
+from hpcdp.hvd_settings import CPU_BUCKET_BYTES
 from hpcdp.models import ModelError, check_name
 
 log = logging.getLogger("hpcdp.train")

@@ -32,7 +32,6 @@ from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
-from hpcdp.grad_buckets import CPU_BUCKET_BYTES, bucketed
 from hpcdp.launcher import LAUNCHERS
 
 #: The controller compared beside `--launcher`'s: fusion's gain depends on what one call costs.
@@ -63,7 +62,7 @@ def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
         out[off] = RunConfig(off, run, {**tuned, "HOROVOD_FUSION_THRESHOLD": "0"})
         out[on] = RunConfig(on, run, tuned)
         out[buckets] = RunConfig(buckets, run, tuned,
-                                 ("--bucket-bytes", str(CPU_BUCKET_BYTES)))
+                                 ("--bucket-bytes", str(hvd_settings.CPU_BUCKET_BYTES)))
     return out
 
 
@@ -89,6 +88,8 @@ def _worker(args: argparse.Namespace) -> int:
             torch.mm(a, b)
 
     if args.bucket_bytes:
+        from hpcdp.grad_buckets import bucketed
+
         # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
         params = [torch.nn.Parameter(torch.zeros(n, device=device)) for _ in tensors]
         opt = bucketed(torch.optim.SGD(params, lr=0.0), args.bucket_bytes)

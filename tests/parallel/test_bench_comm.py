@@ -14,7 +14,7 @@ import pytest
 
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench import main as bench_main
-from hpcdp.grad_buckets import CPU_BUCKET_BYTES
+from hpcdp.hvd_settings import CPU_BUCKET_BYTES
 
 pytestmark = pytest.mark.parallel
 

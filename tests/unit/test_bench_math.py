@@ -10,7 +10,7 @@ import pytest
 from hpcdp import hvd_settings
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench.common import RunConfig
-from hpcdp.grad_buckets import CPU_BUCKET_BYTES
+from hpcdp.hvd_settings import CPU_BUCKET_BYTES
 
 
 @pytest.mark.parametrize(
