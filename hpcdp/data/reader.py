@@ -209,9 +209,19 @@ def _check_arguments(path: Any, **args: Any) -> str:
     integer("virtual_shards", 0, none_ok=True)
     for name in ("x_name", "y_name"):
         value = args[name]
-        if (value is not None or name == "x_name") and (not isinstance(value, str) or not value):
+        if value is None and name == "y_name":
+            continue
+        if not isinstance(value, str) or not value or "\0" in value or not _utf8(value):
             raise ReaderError(f"{path}: {name} must be a dataset name, got {value!r}")
     return path
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ShardedReader:

@@ -59,10 +59,14 @@ class Source:
 # -- digits ---------------------------------------------------------------------------
 
 
-def digits_split_indices(num_samples: int, seed: int, val_fraction: float) -> dict[str, np.ndarray]:
-    """A deterministic train/val split of ``range(num_samples)``, each part in file order."""
+def _check_val_fraction(val_fraction: float) -> None:
     if not 0.0 <= val_fraction < 1.0:
         raise SourceError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+
+
+def digits_split_indices(num_samples: int, seed: int, val_fraction: float) -> dict[str, np.ndarray]:
+    """A deterministic train/val split of ``range(num_samples)``, each part in file order."""
+    _check_val_fraction(val_fraction)
     perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed]))).permutation(
         num_samples
     )
@@ -87,6 +91,7 @@ def digits(seed: int = 0, val_fraction: float = 0.2) -> list[Source]:
     x is uint8 of shape (1, 8, 8): the 0..16 intensities scaled to 0..255, so
     that models normalize every uint8 dataset the same way (x / 255).
     """
+    _check_val_fraction(val_fraction)  # before the (slower) load
     from sklearn.datasets import load_digits
 
     bunch = load_digits()

@@ -49,8 +49,8 @@ def test_wrong_integer_arguments_are_named(good_file: Path, name: str, value: An
 
 @FUZZ
 @given(name=st.sampled_from(["x_name", "y_name"]),
-       value=st.one_of(st.integers(), st.just(""), st.just(b"x"), st.lists(st.text(), max_size=1),
-                       st.text(max_size=6)))
+       value=st.one_of(st.integers(), st.sampled_from(["", "\0", "x\0", "\udcff", b"x"]),
+                       st.lists(st.text(), max_size=1), st.text(max_size=6)))
 def test_dataset_names_are_checked(good_file: Path, name: str, value: Any) -> None:
     try:
         ShardedReader(good_file, batch_size=4, **{name: value})
