@@ -266,6 +266,10 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any)
 # -- command line ---------------------------------------------------------------------
 
 
+EXIT_STATUS = ("Exit status: 0 written; 2 bad input or an existing output file without "
+               "--overwrite (nothing written); 1 a failure while writing (old files kept).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", required=True,
@@ -288,18 +292,20 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--report", help="rank 0 writes timing and sizes as JSON here "
                                           "(replaced if it exists, like benchmark results)")
     parser = argparse.ArgumentParser(
-        prog="hpcdp prep", description="Write a dataset as chunked, samples-first HDF5.")
+        prog="hpcdp prep", description="Write a dataset as chunked, samples-first HDF5.",
+        epilog=EXIT_STATUS)
     sub = parser.add_subparsers(dest="source", required=True)
-    p = sub.add_parser("digits", parents=[common],
+    p = sub.add_parser("digits", parents=[common], epilog=EXIT_STATUS,
                        help="scikit-learn's bundled 8x8 digits -> train.h5, val.h5 (uint8)")
     p.add_argument("--val-fraction", type=float, default=0.2)
-    p = sub.add_parser("synthetic", parents=[common], help="seeded random samples of any shape")
+    p = sub.add_parser("synthetic", parents=[common], epilog=EXIT_STATUS,
+                       help="seeded random samples of any shape")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--shape", default="3,32,32", help="sample shape, e.g. 3,32,32")
     p.add_argument("--dtype", default="uint8")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--val-samples", type=int, default=0, help="also write val.h5 with this many")
-    p = sub.add_parser("arrays", parents=[common],
+    p = sub.add_parser("arrays", parents=[common], epilog=EXIT_STATUS,
                        help="your .npy/.npz arrays, memory-mapped (never loaded whole)")
     p.add_argument("--x", required=True, dest="x_path", help="samples: .npy or .npz")
     p.add_argument("--y", dest="y_path", help="labels: .npy or .npz (default: none, or the "

@@ -23,6 +23,7 @@ def test_existing_dataset_is_kept_on_every_rank_unless_overwrite(ranks, tmp_path
 
     run = ranks(PREP, *args, "--seed", "2", np=2, timeout=90, expect_ok=False)
     assert not run.timed_out and run.returncode == 2, run.describe()
+    assert "Traceback" not in run.output, run.describe()
     for rank in (0, 1):
         assert (f"[rank {rank}] hpcdp prep: error: {out / 'train.h5'} already exists; "
                 "pass --overwrite") in run.output, run.describe()
