@@ -75,14 +75,21 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    """The optimizer; `lr` is the rate for ONE rank's batch before scaling."""
+    """The optimizer; `lr` is the peak rate for `ref_batch` samples per update.
+
+    The peak rate of a run is lr x (global batch / ref_batch) under the linear
+    rule, lr x sqrt(global batch / ref_batch) under sqrt, lr under none: it
+    follows the global batch, never the number of ranks.
+    """
 
     name: str = "sgd"  # sgd | adamw
-    lr: float = 0.1
+    lr: float = 0.1  # the peak rate for ref_batch samples per update
+    ref_batch: int = 32  # the global batch (samples per update) that lr is stated for
+    lr_scaling: str = "linear"  # linear | sqrt | none: how the peak rate follows the batch
+    allow_lr_change: bool = False  # resume even when the peak rate would differ from the run's
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
-    scale_lr: bool = True  # multiply lr by ranks x accumulation steps (Goyal et al. 2017)
 
 
 @dataclass
@@ -182,11 +189,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("auto", "cpu", "cuda"),
     "run.on_nan": ("stop", "skip"),
     "optim.name": ("sgd", "adamw"),
+    "optim.lr_scaling": ("linear", "sqrt", "none"),
     "schedule.kind": ("cosine", "step", "constant"),
     "horovod.compression": ("none", "fp16"),
     "horovod.op": ("average", "adasum"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
+# Keys that were renamed or replaced: naming one is an error that names its successor.
+RENAMED: dict[str, str] = {
+    "optim.scale_lr": "optim.lr_scaling (linear | sqrt | none) with optim.ref_batch, the "
+                      "global batch optim.lr is stated for",
+}
 
 
 def _section_types(cls: type) -> dict[str, Any]:
@@ -241,6 +254,9 @@ def apply_mapping(cfg: Config, data: dict[str, Any], where: str) -> None:
         obj = getattr(cfg, sec)
         types = _section_types(type(obj))
         for key, value in values.items():
+            if f"{sec}.{key}" in RENAMED:
+                raise ConfigError(f"{sec}.{key} {where} is no longer a key: use "
+                                  f"{RENAMED[f'{sec}.{key}']}")
             if key not in types:
                 raise _unknown("key", f"{sec}.{key}", [f"{sec}.{k}" for k in types], where)
             setattr(obj, key, coerce(f"{sec}.{key}", value, types[key]))
@@ -301,6 +317,7 @@ def validate(cfg: Config) -> None:
     positive = {
         "run.epochs": cfg.run.epochs,
         "data.batch_size": cfg.data.batch_size,
+        "optim.ref_batch": cfg.optim.ref_batch,
         "model.num_classes": cfg.model.num_classes,
         "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
         "checkpoint.keep": cfg.checkpoint.keep,
