@@ -522,7 +522,8 @@ def lr_rule_text(cfg: Config, update_batch: int) -> str:
     if o.lr_scaling == "none":
         return "lr_scaling none"
     ratio = f"{update_batch}/{o.ref_batch}"
-    return f"{o.lr_scaling}: {o.lr:g} x " + (ratio if o.lr_scaling == "linear" else f"sqrt({ratio})")
+    factor = ratio if o.lr_scaling == "linear" else f"sqrt({ratio})"
+    return f"{o.lr_scaling}: {o.lr:g} x {factor}"
 
 
 def bucket_bytes(cfg: Config, device: torch.device) -> int:
