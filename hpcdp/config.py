@@ -32,10 +32,10 @@ class ConfigError(ValueError):
 class RunConfig:
     """Identity, length and reproducibility of a run."""
 
-    name: str = "default"
+    name: str = "default"  # names the run folder runs/<name> when run.dir is empty
     dir: str = ""  # empty: runs/<name>
-    seed: int = 0
-    epochs: int = 1
+    seed: int = 0  # initial weights, data order and per-rank random streams
+    epochs: int = 1  # passes over the training data
     max_steps: int = 0  # stop after this many optimizer steps in total; 0: no limit
     stop_at_step: int = 0  # test hook: checkpoint and stop at this step as if preempted; 0: off
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU; uses a GradScaler)
@@ -49,19 +49,19 @@ class DataConfig:
     """Where the sharded HDF5 data lies and how each rank reads it."""
 
     path: str = ""  # folder holding train_file and val_file
-    train_file: str = "train.h5"
-    val_file: str = "val.h5"
-    x_name: str = "x"
-    y_name: str = "y"
+    train_file: str = "train.h5"  # inside data.path
+    val_file: str = "val.h5"  # inside data.path
+    x_name: str = "x"  # the HDF5 dataset holding the inputs
+    y_name: str = "y"  # the HDF5 dataset holding the labels
     batch_size: int = 32  # per rank
     global_batch_size: int = 0  # if set: per-rank batch = this / ranks (must divide)
     val_batch_size: int = 0  # per rank; 0: same as the training batch
     window_samples: int = 0  # shuffle window; 0: the reader's default
     virtual_shards: int = 0  # 0: the reader's default
-    prefetch: int = 2
+    prefetch: int = 2  # batches read ahead by the background thread
     scale: float = 255.0  # integer inputs are divided by this
-    mean: float = 0.0
-    std: float = 1.0
+    mean: float = 0.0  # inputs become (x - mean) / std after scaling
+    std: float = 1.0  # see data.mean
 
 
 @dataclass
@@ -69,7 +69,7 @@ class ModelConfig:
     """Which network, and its shape options."""
 
     name: str = "digits_cnn"  # digits_cnn | resnet18 | resnet50
-    num_classes: int = 10
+    num_classes: int = 10  # outputs of the classifier
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
@@ -77,14 +77,21 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    """The optimizer; `lr` is the rate for ONE rank's batch before scaling."""
+    """The optimizer; `lr` is the peak rate for `ref_batch` samples per update.
+
+    The peak rate of a run is lr x (global batch / ref_batch) under the linear
+    rule, lr x sqrt(global batch / ref_batch) under sqrt, lr under none: it
+    follows the global batch, never the number of ranks.
+    """
 
     name: str = "sgd"  # sgd | adamw
-    lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    scale_lr: bool = True  # multiply lr by ranks x accumulation steps (Goyal et al. 2017)
+    lr: float = 0.1  # the peak rate for ref_batch samples per update
+    ref_batch: int = 32  # the global batch (samples per update) that lr is stated for
+    lr_scaling: str = "linear"  # linear | sqrt | none: how the peak rate follows the batch
+    allow_lr_change: bool = False  # resume even when the peak rate would differ from the run's
+    momentum: float = 0.9  # SGD only
+    nesterov: bool = False  # SGD with momentum only
+    weight_decay: float = 0.0  # L2 (SGD) or decoupled (AdamW) weight decay
 
 
 @dataclass
@@ -92,11 +99,11 @@ class ScheduleConfig:
     """Learning-rate schedule: linear warmup, then cosine, step or constant."""
 
     kind: str = "cosine"  # cosine | step | constant
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = 0.0  # linear warmup to the peak rate; fractions allowed
     warmup_start_factor: float = 0.0  # warmup starts at this fraction of the peak lr
     min_factor: float = 0.0  # cosine ends at this fraction of the peak lr
     milestones: list[float] = field(default_factory=list)  # epochs, for kind = "step"
-    gamma: float = 0.1
+    gamma: float = 0.1  # factor applied at each milestone, for kind = "step"
 
 
 @dataclass
@@ -110,7 +117,7 @@ class HorovodConfig:
     compression: str = "none"  # none | fp16
     backward_passes_per_step: int = 1  # gradient accumulation
     op: str = "average"  # average | adasum
-    gradient_predivide_factor: float = 1.0
+    gradient_predivide_factor: float = 1.0  # divide before the sum, the rest after
     # Gradients in flat buckets of this many MiB, each all-reduced in place when full
     # (hpcdp.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
     # Horovod's fusion); negative: 4 MiB buckets on CPUs, the DistributedOptimizer on
@@ -127,7 +134,7 @@ class CheckpointConfig:
     """When checkpoints are written, how many are kept, and what resume means."""
 
     every_steps: int = 0  # 0: only at the end (and on preemption)
-    keep: int = 3
+    keep: int = 3  # newest checkpoint files kept
     resume: str = "auto"  # auto | none | <path to a checkpoint file>
     dir: str = ""  # empty: <run dir>/checkpoints
 
@@ -136,8 +143,8 @@ class CheckpointConfig:
 class PreemptConfig:
     """Signals that ask the job to checkpoint and stop, and what follows."""
 
-    enabled: bool = True
-    signals: list[str] = field(default_factory=lambda: ["USR1", "TERM"])
+    enabled: bool = True  # install the signal handlers
+    signals: list[str] = field(default_factory=lambda: ["USR1", "TERM"])  # ask to stop
     check_every: int = 1  # agree on the flag every N steps (all ranks same schedule)
     requeue: bool = True  # `scontrol requeue` the Slurm job after the checkpoint
 
@@ -146,9 +153,9 @@ class PreemptConfig:
 class LogConfig:
     """Rank-0 reporting: log lines, JSONL, TensorBoard, progress bar."""
 
-    every_steps: int = 10
-    jsonl: bool = True
-    tensorboard: bool = True
+    every_steps: int = 10  # a log line and a metrics record every N steps
+    jsonl: bool = True  # metrics.jsonl in the run folder
+    tensorboard: bool = True  # TensorBoard events in the run folder
     progress: bool = True  # tqdm bar, only when stderr is a terminal
     trace_samples: bool = False  # test aid: every rank writes a fingerprint of each sample
 
@@ -184,11 +191,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("auto", "cpu", "cuda"),
     "run.on_nan": ("stop", "skip"),
     "optim.name": ("sgd", "adamw"),
+    "optim.lr_scaling": ("linear", "sqrt", "none"),
     "schedule.kind": ("cosine", "step", "constant"),
     "horovod.compression": ("none", "fp16"),
     "horovod.op": ("average", "adasum"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
+# Keys that were renamed or replaced: naming one is an error that names its successor.
+RENAMED: dict[str, str] = {
+    "optim.scale_lr": "optim.lr_scaling (linear | sqrt | none) with optim.ref_batch, the "
+                      "global batch optim.lr is stated for",
+}
 
 
 def _section_types(cls: type) -> dict[str, Any]:
@@ -245,6 +258,9 @@ def apply_mapping(cfg: Config, data: dict[str, Any], where: str) -> None:
         obj = getattr(cfg, sec)
         types = _section_types(type(obj))
         for key, value in values.items():
+            if f"{sec}.{key}" in RENAMED:
+                raise ConfigError(f"{sec}.{key} {where} is no longer a key: use "
+                                  f"{RENAMED[f'{sec}.{key}']}")
             if key not in types:
                 raise _unknown("key", f"{sec}.{key}", [f"{sec}.{k}" for k in types], where)
             setattr(obj, key, coerce(f"{sec}.{key}", value, types[key]))
@@ -312,6 +328,7 @@ def validate(cfg: Config) -> None:
     positive = {
         "run.epochs": cfg.run.epochs,
         "data.batch_size": cfg.data.batch_size,
+        "optim.ref_batch": cfg.optim.ref_batch,
         "model.num_classes": cfg.model.num_classes,
         "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
         "checkpoint.keep": cfg.checkpoint.keep,

@@ -1,8 +1,11 @@
 """The learning rate as a plain function of the optimizer step.
 
-Large-batch recipe of Goyal et al. (2017): the peak rate is the one-rank rate
-times the number of ranks (and accumulation steps), reached by a linear warmup,
-then decayed by a cosine or by steps. Pure arithmetic, so tests can call it.
+The peak rate follows the batch of one update, never the number of ranks:
+`optim.lr` is stated for `optim.ref_batch` samples and scaled to the global
+batch by a rule (linear, Goyal et al. 2017; square root, common for Adam-type
+optimizers; or none), so the same global batch trains alike on 1 or 64 ranks.
+It is reached by a linear warmup, then decayed by a cosine or by steps. Pure
+arithmetic, so tests can call it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ class Schedule:
     """Everything the rate at a step depends on (all lengths in optimizer steps)."""
 
     base_lr: float
-    scale: float = 1.0
+    scale: float = 1.0  # lr_scale(rule, batch, ref_batch): peak = base_lr x scale
+    rule: str = "none"  # recorded so that a resume can tell a change (see lr_change_on_resume)
+    batch: int = 0  # samples per update that the rule followed
+    ref_batch: int = 0  # the batch base_lr is stated for
     kind: str = "cosine"  # cosine | step | constant
     warmup_steps: int = 0
     warmup_start_factor: float = 0.0
@@ -55,16 +61,52 @@ def lr_at(step: int, s: Schedule) -> float:
     raise ValueError(f"unknown schedule kind {s.kind!r}")
 
 
-def lr_scale(world_size: int, accumulation: int, adasum: bool, enabled: bool = True) -> float:
-    """How much the one-rank rate grows with the effective batch.
+LR_RULES = ("linear", "sqrt", "none")
 
-    Average: the batch grows by ranks x accumulation, so does the rate. Adasum
-    combines gradients so that the rate needs no scaling with the ranks
-    (Horovod's guidance for CPUs), only with local accumulation.
+
+def update_batch(per_rank_batch: int, world_size: int, accumulation: int, adasum: bool) -> int:
+    """The batch whose size the learning-rate rule follows.
+
+    Averaged gradients: the global batch of one update (per-rank batch x ranks x
+    accumulation steps). Adasum combines the ranks' updates so that the rate needs
+    no scaling with the ranks (Horovod's guidance), so it follows one rank's
+    update batch (per-rank batch x accumulation steps).
     """
-    if not enabled:
+    return per_rank_batch * accumulation * (1 if adasum else world_size)
+
+
+def lr_scale(rule: str, batch: int, ref_batch: int) -> float:
+    """How much `optim.lr`, stated for `ref_batch` samples, grows for `batch` samples."""
+    if batch < 1 or ref_batch < 1:
+        raise ValueError(f"batch sizes must be positive, got {batch} and {ref_batch}")
+    if rule == "none":
         return 1.0
-    return float((1 if adasum else world_size) * accumulation)
+    if rule == "linear":
+        return batch / ref_batch
+    if rule == "sqrt":
+        return math.sqrt(batch / ref_batch)
+    raise ValueError(f"unknown learning-rate rule {rule!r}; choose one of {', '.join(LR_RULES)}")
+
+
+def lr_change_on_resume(saved: dict, now: Schedule) -> str | None:
+    """Why resuming `saved` (a checkpoint's schedule) with `now` would change the peak rate.
+
+    None when the peak rate, the rule and the update batch all match (pure). A
+    checkpoint from before the rule was recorded carries no batch or rule: only
+    its peak rate is compared.
+    """
+    saved_peak = float(saved.get("base_lr", 0.0)) * float(saved.get("scale", 1.0))
+    diffs = []
+    for key, label in (("batch", "update batch"), ("rule", "rule"), ("ref_batch", "ref batch")):
+        if key in saved and saved[key] != getattr(now, key):
+            diffs.append(f"{label} {saved[key]} -> {getattr(now, key)}")
+    if not math.isclose(saved_peak, now.peak_lr, rel_tol=1e-9):
+        diffs.append(f"peak lr {saved_peak:g} -> {now.peak_lr:g}")
+    if not diffs:
+        return None
+    return ("the checkpoint was trained with another learning rate than this run would use ("
+            + ", ".join(diffs) + "); keep data.global_batch_size and the optim settings of "
+            "the checkpoint's config, or set optim.allow_lr_change=true to resume anyway")
 
 
 def from_epochs(
@@ -78,6 +120,9 @@ def from_epochs(
     min_factor: float = 0.0,
     milestones: list[float] | tuple[float, ...] = (),
     gamma: float = 0.1,
+    rule: str = "none",
+    batch: int = 0,
+    ref_batch: int = 0,
 ) -> Schedule:
     """Build a schedule from lengths in epochs (how configs speak) for a given step rate."""
     if steps_per_epoch < 1:
@@ -92,6 +137,9 @@ def from_epochs(
         min_factor=min_factor,
         milestones=tuple(round(m * steps_per_epoch) for m in milestones),
         gamma=gamma,
+        rule=rule,
+        batch=batch,
+        ref_batch=ref_batch,
     )
 
 

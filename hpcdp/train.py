@@ -348,7 +348,8 @@ def train(cfg: Config) -> int:
 
         accum = cfg.horovod.backward_passes_per_step
         adasum = cfg.horovod.op == "adasum"
-        lr_scale = sched.lr_scale(size, accum, adasum, cfg.optim.scale_lr)
+        update_batch = sched.update_batch(setup.batch, size, accum, adasum)
+        lr_scale = sched.lr_scale(cfg.optim.lr_scaling, update_batch, cfg.optim.ref_batch)
         # Both wrappers build a new optimizer over the same parameter groups: use only
         # `optimizer` from here on.
         optimizer = _distributed_optimizer(cfg, model, device, hvd)
@@ -357,7 +358,8 @@ def train(cfg: Config) -> int:
         schedule = sched.from_epochs(
             cfg.optim.lr, lr_scale, cfg.schedule.kind, steps_per_epoch, cfg.run.epochs,
             cfg.schedule.warmup_epochs, cfg.schedule.warmup_start_factor,
-            cfg.schedule.min_factor, cfg.schedule.milestones, cfg.schedule.gamma)
+            cfg.schedule.min_factor, cfg.schedule.milestones, cfg.schedule.gamma,
+            rule=cfg.optim.lr_scaling, batch=update_batch, ref_batch=cfg.optim.ref_batch)
 
         # --- 4: rank 0 decides what to resume from; every rank loads the same bytes.
         decision = decide_resume(cfg, model) if root else None
@@ -370,7 +372,10 @@ def train(cfg: Config) -> int:
         resumed_from = None
         if decision["kind"] == "resume":
             state = ckpt.decode(decision["data"], decision["path"])
-            error = None
+            error = None if cfg.optim.allow_lr_change else sched.lr_change_on_resume(
+                state.get("schedule") or {}, schedule)
+            if error is not None:
+                raise dist.AgreedError(f"checkpoint {decision['path']!r}: {error}")
             try:
                 step, epoch = _load_state(state, model, optimizer, scaler, reader, rank, size,
                                           cfg)
@@ -402,7 +407,8 @@ def train(cfg: Config) -> int:
             f"{'resumed from ' + resumed_from if resumed_from else 'fresh start'}: "
             f"model {cfg.model.name} ({count_parameters(model):,} parameters) on {size} rank(s), "
             f"batch {setup.batch}/rank x {accum} accumulation = {setup.batch * size * accum} "
-            f"global, peak lr {schedule.peak_lr:g}, {steps_per_epoch} steps/epoch, "
+            f"global, peak lr {schedule.peak_lr:g} ({lr_rule_text(cfg, update_batch)}), "
+            f"{steps_per_epoch} steps/epoch, "
             f"{total_steps} steps, device {device}"
         )
         trace = None
@@ -496,6 +502,8 @@ def train(cfg: Config) -> int:
             "val_acc": last_val["acc"], "val_loss": last_val["loss"],
             "val_samples": last_val["samples"], "samples_per_s": throughput, "steps": step,
             "epochs": epoch, "world_size": size, "model": cfg.model.name,
+            "global_batch": setup.batch * size * accum,
+            "lr_scaling": cfg.optim.lr_scaling, "peak_lr": schedule.peak_lr,
             "run_dir": str(run_dir), "checkpoint": str(final) if final.exists() else None,
             "metrics": str(rep.jsonl_path), "tensorboard": str(rep.tb_dir),
             "resumed_from": resumed_from,
@@ -506,6 +514,16 @@ def train(cfg: Config) -> int:
                  f"{size} rank(s), {step} steps; outputs in {run_dir}")
         rep.close()
         return 0  # readers stay open: see exit_after_horovod
+
+
+def lr_rule_text(cfg: Config, update_batch: int) -> str:
+    """How the peak rate came about, for the start line: 'linear: 0.05 x 64/32'."""
+    o = cfg.optim
+    if o.lr_scaling == "none":
+        return "lr_scaling none"
+    ratio = f"{update_batch}/{o.ref_batch}"
+    factor = ratio if o.lr_scaling == "linear" else f"sqrt({ratio})"
+    return f"{o.lr_scaling}: {o.lr:g} x {factor}"
 
 
 def bucket_bytes(cfg: Config, device: torch.device) -> int:

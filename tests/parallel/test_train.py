@@ -150,7 +150,7 @@ def test_resume_on_another_world_size_continues_the_epoch(ranks, data: Path,
 
 
 def test_two_ranks_equal_one_rank_with_twice_the_batch(ranks, data: Path, tmp_path: Path) -> None:
-    plain = ("optim.momentum=0", "optim.scale_lr=false", "schedule.kind=constant",
+    plain = ("optim.momentum=0", "optim.lr_scaling=none", "schedule.kind=constant",
              "run.epochs=1", "data.virtual_shards=8")
     two, one, half = tmp_path / "two", tmp_path / "one", tmp_path / "half"
     ranks(TRAIN, *args(data, two, *plain, "data.batch_size=16"), np=2, timeout=BOUND)

@@ -54,6 +54,10 @@ def test_override_types_are_parsed() -> None:
         ("optim.name=lamb", "optim.name='lamb'"),
         ("data.batch_size=0", "data.batch_size=0: must be at least 1"),
         ("preempt.signals=[\"KILL\"]", "'KILL' is not one of"),
+        ("optim.scale_lr=false", "optim.scale_lr in override 'optim.scale_lr=false' is no "
+                                 "longer a key: use optim.lr_scaling"),
+        ("optim.lr_scaling=cubic", "optim.lr_scaling='cubic': choose one of linear, sqrt, none"),
+        ("optim.ref_batch=0", "optim.ref_batch=0: must be at least 1"),
     ],
 )
 def test_bad_overrides_name_the_key(override: str, needle: str) -> None:

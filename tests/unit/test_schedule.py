@@ -10,9 +10,62 @@ from hpcdp import schedule as s
 
 
 def test_lr_scale_rules() -> None:
-    assert s.lr_scale(4, 2, adasum=False) == 8.0
-    assert s.lr_scale(4, 2, adasum=True) == 2.0
-    assert s.lr_scale(4, 2, adasum=False, enabled=False) == 1.0
+    assert s.lr_scale("linear", 256, 32) == 8.0
+    assert s.lr_scale("sqrt", 128, 32) == 2.0
+    assert s.lr_scale("none", 256, 32) == 1.0
+    assert s.lr_scale("linear", 16, 32) == 0.5
+    with pytest.raises(ValueError, match="unknown learning-rate rule"):
+        s.lr_scale("cubic", 64, 32)
+    with pytest.raises(ValueError):
+        s.lr_scale("linear", 0, 32)
+
+
+@pytest.mark.parametrize("rule", s.LR_RULES)
+@pytest.mark.parametrize("global_batch", [64, 96, 192])
+def test_same_global_batch_same_peak_on_any_world_size(rule: str, global_batch: int) -> None:
+    """The peak rate depends on the global batch alone, not on how it is split."""
+    peaks = set()
+    for ranks in (1, 2, 4, 8):
+        for accum in (1, 2):
+            if global_batch % (ranks * accum):
+                continue
+            per_rank = global_batch // (ranks * accum)
+            batch = s.update_batch(per_rank, ranks, accum, adasum=False)
+            assert batch == global_batch
+            peaks.add(round(0.05 * s.lr_scale(rule, batch, 32), 12))
+    assert len(peaks) == 1
+    expected = {"linear": 0.05 * global_batch / 32, "sqrt": 0.05 * math.sqrt(global_batch / 32),
+                "none": 0.05}[rule]
+    assert peaks == {round(expected, 12)}
+
+
+def test_adasum_follows_one_ranks_update_batch() -> None:
+    assert s.update_batch(32, 8, 2, adasum=True) == 64
+    assert s.update_batch(32, 8, 2, adasum=False) == 512
+
+
+def _sched(batch: int, rule: str = "linear", lr: float = 0.05, ref: int = 32) -> s.Schedule:
+    return s.from_epochs(lr, s.lr_scale(rule, batch, ref), "cosine", 10, 2, rule=rule,
+                         batch=batch, ref_batch=ref)
+
+
+def test_lr_change_on_resume_names_both() -> None:
+    import dataclasses
+
+    saved = dataclasses.asdict(_sched(64))
+    assert s.lr_change_on_resume(saved, _sched(64)) is None
+    msg = s.lr_change_on_resume(saved, _sched(128))
+    assert msg is not None and "update batch 64 -> 128" in msg and "peak lr 0.1 -> 0.2" in msg
+    assert "optim.allow_lr_change" in msg
+    msg = s.lr_change_on_resume(saved, _sched(64, rule="sqrt"))
+    assert msg is not None and "rule linear -> sqrt" in msg
+    # The same peak from another lr and batch is still another run's dynamics.
+    msg = s.lr_change_on_resume(saved, _sched(128, lr=0.025))
+    assert msg is not None and "update batch 64 -> 128" in msg and "peak lr" not in msg
+    # An older checkpoint records only its rate: compared by the peak alone.
+    legacy = {"base_lr": 0.05, "scale": 2.0}
+    assert s.lr_change_on_resume(legacy, _sched(64)) is None
+    assert "peak lr 0.1 -> 0.2" in s.lr_change_on_resume(legacy, _sched(128))
 
 
 def test_warmup_is_linear_to_the_scaled_peak() -> None:

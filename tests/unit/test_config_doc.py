@@ -1,0 +1,31 @@
+"""The config reference in docs/ is generated from the dataclasses and kept current."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from hpcdp import config as cfgmod
+from hpcdp import config_doc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_docs_config_md_is_current() -> None:
+    current = (REPO / "docs" / "config.md").read_text()
+    assert current == config_doc.reference(), (
+        "docs/config.md is stale: run `python -m hpcdp.config_doc > docs/config.md`")
+
+
+def test_every_key_is_documented() -> None:
+    for section in dataclasses.fields(cfgmod.Config):
+        cls = section.default_factory  # type: ignore[misc]
+        docs = config_doc.field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{section.name}.{f.name} has no comment in hpcdp/config.py"
+
+
+def test_comment_above_a_field_is_its_doc() -> None:
+    docs = config_doc.field_docs(cfgmod.HorovodConfig)
+    assert "HOROVOD_FUSION_THRESHOLD" in docs["fusion_threshold_mb"]
+    assert docs["cycle_time_ms"].startswith("HOROVOD_CYCLE_TIME")
