@@ -86,7 +86,7 @@ def test_numbers_must_be_finite(key: str, literal: str) -> None:
 OUT_OF_RANGE: dict[str, st.SearchStrategy[typing.Any]] = {
     **{k: st.integers(max_value=0) for k in (
         "run.epochs", "data.batch_size", "model.num_classes", "horovod.backward_passes_per_step",
-        "checkpoint.keep", "preempt.check_every", "log.every_steps")},
+        "checkpoint.keep", "preempt.check_every", "log.every_steps", "optim.ref_batch")},
     **{k: st.integers(max_value=-1) for k in (
         "run.max_steps", "run.stop_at_step", "data.global_batch_size", "data.val_batch_size",
         "data.window_samples", "data.virtual_shards", "data.prefetch", "model.width",
@@ -103,7 +103,8 @@ OUT_OF_RANGE: dict[str, st.SearchStrategy[typing.Any]] = {
     **{k: st.just("") for k in (
         "run.name", "data.path", "data.train_file", "data.val_file", "data.x_name",
         "data.y_name", "checkpoint.resume", "run.precision", "run.device", "run.on_nan",
-        "optim.name", "schedule.kind", "horovod.compression", "horovod.op")},
+        "optim.name", "optim.lr_scaling", "schedule.kind", "horovod.compression",
+        "horovod.op")},
     "run.name": st.sampled_from(["", ".", "..", "a/b", "/abs"]),
     "schedule.milestones": st.sampled_from([[-1.0], [2.0, 1.0]]),
     "preempt.signals": st.sampled_from([["KILL"], [""], ["usr1"]]),
