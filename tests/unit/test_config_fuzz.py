@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hpcdp import config as c
 from hpcdp.config import ConfigError
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True)
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, print_blob=True)
 BASE = ["data.path=some/data"]  # the one key without a usable default
 
 

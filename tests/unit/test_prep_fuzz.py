@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hpcdp.data import prep
 
 REPO = Path(__file__).resolve().parents[2]
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=40, deadline=None, derandomize=True, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from hpcdp.data.reader import ReaderError, ShardedReader
 
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True)
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True, print_blob=True)
 
 
 @pytest.fixture(scope="module")

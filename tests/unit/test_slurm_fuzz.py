@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hpcdp import slurm
 from hpcdp.slurm import RenderError, render_options
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True)
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, print_blob=True)
 
 TEXT = st.text(max_size=12)
 LINE_BREAKS = st.tuples(TEXT, st.sampled_from(["\n", "\r", "\r\n"]), TEXT).map("".join)
