@@ -213,6 +213,10 @@ def _check_arguments(path: Any, **args: Any) -> str:
             continue
         if not isinstance(value, str) or not value or "\0" in value or not _utf8(value):
             raise ReaderError(f"{path}: {name} must be a dataset name, got {value!r}")
+    if args["mmap"] not in (None, True, False):
+        raise ReaderError(f"{path}: mmap must be True, False or None, got {args['mmap']!r}")
+    if args["transform"] is not None and not callable(args["transform"]):
+        raise ReaderError(f"{path}: transform must be callable, got {args['transform']!r}")
     return path
 
 
@@ -254,7 +258,7 @@ class ShardedReader:
         path = _check_arguments(
             path, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
             window_samples=window_samples, virtual_shards=virtual_shards, prefetch=prefetch,
-            x_name=x_name, y_name=y_name,
+            x_name=x_name, y_name=y_name, mmap=mmap, transform=transform,
         )
         self.path = path
         self.batch_size = batch_size

@@ -61,6 +61,14 @@ def test_dataset_names_are_checked(good_file: Path, name: str, value: Any) -> No
 
 
 @FUZZ
+@given(name=st.sampled_from(["mmap", "transform"]),
+       value=st.one_of(st.text(max_size=3), st.integers(2), st.just(0.5), st.just([])))
+def test_mmap_and_transform_are_checked(good_file: Path, name: str, value: Any) -> None:
+    with pytest.raises(ReaderError, match=name):
+        ShardedReader(good_file, batch_size=4, **{name: value})
+
+
+@FUZZ
 @given(path=st.one_of(st.none(), st.integers(), st.just(""), st.just(b"x.h5"),
                       st.text(max_size=8).map(lambda t: "/nonexistent/" + t)))
 def test_bad_paths_are_named(path: Any) -> None:
