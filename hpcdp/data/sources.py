@@ -235,13 +235,15 @@ def _what_it_is(head: bytes) -> str:
     for magic, what in _SIGNATURES.items():
         if head.startswith(magic):
             return f"it is {what}"
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"it starts with the bytes {head[:8]!r}"
-    if text.isprintable() or text.strip().isprintable():
-        return f"it holds text ({text[:20]!r}...)"
-    return f"it starts with {head[:8]!r}"
+    for end in range(len(head), max(0, len(head) - 4), -1):  # a character cut at the end
+        try:
+            text = head[:end].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if all(ch.isprintable() or ch in "\t\r\n" for ch in text):
+            return f"it holds text ({text[:20]!r}...)"
+        break
+    return f"it starts with the bytes {head[:8]!r}"
 
 
 def _read_npy_header(fh: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
