@@ -10,15 +10,14 @@ entropy rate as the attribute ``entropy_rate_nats``: the loss no model can beat.
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import hashlib
 import sys
 import time
 from collections.abc import Sequence
 
 from hpcdp.data import markov as mk
-from hpcdp.data import tokens as tk
 from hpcdp.data import token_writer as tw
+from hpcdp.data import tokens as tk
 from hpcdp.data.prep import rank_rows
 
 PROG = "datasets/markov.py"
@@ -68,7 +67,7 @@ def _identity_sha(symbols: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    faulthandler.enable(all_threads=True)
+    tw.crash_stacks()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     comm = tw.world()
     error = None

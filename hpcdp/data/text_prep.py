@@ -24,7 +24,6 @@ ranks before any file is written, and no existing output is replaced unless
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import glob
 import mmap
 import os
@@ -194,6 +193,7 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
     """Collective: the tokenizer and this rank's tokenized documents per split."""
     spans = corpus.spans(comm.rank, comm.size)
     train, val = split_docs(spans, _exscan(comm, len(spans)), args.val_fraction)
+    check_counts(comm, {"train": train, "val": val}, args.val_fraction)
     error, tok = None, None
     try:
         tok = make_tokenizer(args, corpus, comm)
@@ -215,7 +215,7 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
     return tok, docs
 
 
-def check_counts(comm: Any, docs: dict[str, list[np.ndarray]], fraction: float) -> None:
+def check_counts(comm: Any, docs: dict[str, list[Span]], fraction: float) -> None:
     """Collective: an empty corpus or an empty split is an error on every rank."""
     counts = {name: sum(comm.allgather(len(d))) for name, d in docs.items()}
     if counts["train"] + counts["val"] == 0:
@@ -289,7 +289,7 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    faulthandler.enable(all_threads=True)
+    tw.crash_stacks()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     comm = tw.world()
     error, corpus = None, None
@@ -305,7 +305,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         tok, docs = tokenize_share(args, corpus, comm)
-        check_counts(comm, docs, args.val_fraction)
     except tw.TokenPrepError as exc:
         tw.say(comm, PROG, f"error: {exc}")
         return 1

@@ -16,6 +16,8 @@ messages prefixed by the rank.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import sys
 import uuid
@@ -32,6 +34,14 @@ WRITE_TOKENS = 1 << 26
 
 class TokenPrepError(ValueError):
     """Bad preparation input or options: the message names the file or option."""
+
+
+def crash_stacks() -> None:
+    """Print every thread's Python stack if the process dies of a fatal signal (a rank killed
+    in MPI or HDF5 otherwise leaves only the launcher's "exited on signal N")."""
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError):  # stderr without a file descriptor
+            faulthandler.enable(all_threads=True)
 
 
 def world() -> Any:

@@ -37,7 +37,8 @@ def write_corpus(root: Path) -> Path:
     rng = np.random.default_rng(0)
     words = ["alpha", "beta", "gamma", "Grüße", "naïve", "日本", "x"]
     for i in range(7):
-        lines = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(rng.integers(1, 40))]
+        count = rng.integers(1, 40)
+        lines = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(count)]
         if i == 3:
             lines.insert(2, "")
         (root / f"doc{i}.txt").write_text(("\r\n" if i == 5 else "\n").join(lines) + "\n")

@@ -52,8 +52,8 @@ def test_random_chain_rows_and_floor_against_a_sampled_stream() -> None:
 def test_documents_do_not_depend_on_how_they_are_split() -> None:
     chain = mk.random_chain(8, 2, 0.2, seed=0)
     whole = mk.sample_documents(chain, 3, 0, 0, 3000)
-    parts = (mk.sample_documents(chain, 3, 0, 0, 1024) + mk.sample_documents(chain, 3, 0, 1024, 1500)
-             + mk.sample_documents(chain, 3, 0, 1500, 3000))
+    cuts = [0, 1024, 1500, 3000]
+    parts = [d for a, b in zip(cuts, cuts[1:]) for d in mk.sample_documents(chain, 3, 0, a, b)]
     assert len(whole) == len(parts) == 3000
     assert all(np.array_equal(a, b) for a, b in zip(whole, parts))
     other_split = mk.sample_documents(chain, 3, 1, 0, 10)

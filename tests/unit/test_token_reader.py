@@ -64,7 +64,8 @@ def readers_for(path: Path, world: int, global_batch: int, **kw: object) -> list
             for r in range(world)]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tokens=st.integers(200, 3000), seq=st.integers(1, 40), world=st.sampled_from([1, 2, 3, 4]),
        per_rank=st.integers(1, 4), window=st.integers(1, 30), seed=st.integers(0, 5),
        epoch=st.integers(0, 3), prefetch=st.sampled_from([0, 2]))
