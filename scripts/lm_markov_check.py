@@ -90,7 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: a model this small gains nothing from more, and on "
+                        "a busy machine spinning threads cost more than they give)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     vocab = tk.validate_tokens(args.data / "train.h5").vocab_size
     cfg = gpt.GPTConfig(vocab, args.seq_len, args.layers, args.heads, args.width)
     result = train(args.data, args.steps, args.seq_len, args.batch, cfg, args.lr, args.seed,
