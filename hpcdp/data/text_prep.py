@@ -242,7 +242,7 @@ def save_tokenizer(out: str, tok: tz.Tokenizer, comm: Any) -> str | None:
     final = os.path.join(out, "tokenizer.json")
     if comm.rank == 0:
         tmp = os.path.join(out, f".tokenizer.json.tmp-{uuid.uuid4().hex[:12]}")
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
             fh.write(tok.json)
         os.replace(tmp, final)
     return final
@@ -271,9 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _copies_tokenizer(args: argparse.Namespace) -> bool:
+    """Whether tokenizer.json is written beside the data (not when it is already there)."""
+    target = os.path.join(args.out, "tokenizer.json")
+    if args.tokenizer == "bytes":
+        return False
+    return args.tokenizer == "bpe" or not (os.path.exists(target)
+                                           and os.path.samefile(args.tokenizer, target))
+
+
 def _outputs(args: argparse.Namespace) -> list[str]:
     names = ["train.h5"] + (["val.h5"] if args.val_fraction > 0 else [])
-    return names + (["tokenizer.json"] if args.tokenizer == "bpe" else [])
+    return names + (["tokenizer.json"] if _copies_tokenizer(args) else [])
 
 
 def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
@@ -318,7 +327,7 @@ def _write(args: argparse.Namespace, comm: Any, tok: tz.Tokenizer,
         for split in ("train", "val") if args.val_fraction > 0 else ("train",):
             written.append(tw.write_split(args.out, split, docs[split],
                                           meta_for(tok, split, args), comm))
-        saved = save_tokenizer(args.out, tok, comm)
+        saved = save_tokenizer(args.out, tok, comm) if _copies_tokenizer(args) else None
     except tw.TokenPrepError as exc:  # raised on every rank before any file is created
         tw.say(comm, PROG, f"error: {exc}")
         return 1

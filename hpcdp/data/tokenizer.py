@@ -84,7 +84,7 @@ def from_json(text: str, name: str, eod_token: str = DEFAULT_EOD) -> Tokenizer:
 def load_json(path: str, eod_token: str = DEFAULT_EOD) -> Tokenizer:
     """An existing tokenizer.json; its hash is that of the file's bytes."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8", newline="") as fh:  # the bytes hashed as they are
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise TokenizerError(f"--tokenizer {path}: cannot be read: {exc}") from exc

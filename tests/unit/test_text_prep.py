@@ -96,8 +96,13 @@ def test_bpe_is_trained_saved_and_checked(tmp_path: Path) -> None:
                     "--out", str(out2)]) == 0
     np.testing.assert_array_equal(h5py.File(out2 / "train.h5")["tokens"][...],
                                   h5py.File(out / "train.h5")["tokens"][...])
+    assert (out2 / "tokenizer.json").read_bytes() == saved.read_bytes()
     TokenReader(out2 / "train.h5", seq_len=8, batch_size=2,
                 tokenizer_sha256=tk.tokenizer_sha256(saved))
+    # Re-preparing in place with the tokenizer already there keeps it as it is.
+    assert tp.main(["--files", files, "--lines", "--tokenizer", str(saved), "--out", str(out),
+                    "--overwrite"]) == 0
+    assert tk.validate_tokens(out / "train.h5").tokenizer_sha256 == tk.file_sha256(saved)
     with pytest.raises(TokenReaderError, match="tokens would be read with the wrong"):
         TokenReader(out2 / "train.h5", seq_len=8, batch_size=2,
                     tokenizer_sha256=tk.tokenizer_sha256("bytes"))
