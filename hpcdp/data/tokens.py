@@ -78,8 +78,11 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def chunk_tokens(num_tokens: int, target: int = CHUNK_TOKENS) -> int:
-    """Tokens per chunk: about `target`, but at least `MIN_CHUNKS` chunks for small files."""
-    return max(1, min(target, -(-num_tokens // MIN_CHUNKS)))
+    """Tokens per chunk: a power of two up to `target`, at least `MIN_CHUNKS` chunks for
+    small files. A power of two, so that a power-of-two sequence length divides it and
+    the reader's blocks of windows are whole chunks."""
+    small = 1 << max(0, (-(-num_tokens // MIN_CHUNKS)).bit_length() - 1)
+    return max(1, min(target, small))
 
 
 def num_windows(num_tokens: int, seq_len: int) -> int:

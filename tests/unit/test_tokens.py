@@ -34,7 +34,9 @@ def test_windows_and_blocks() -> None:
     assert tk.window_block(1 << 20, 1024) == 1024
     assert tk.window_block(10, 1024) == 1
     assert tk.chunk_tokens(10**9) == tk.CHUNK_TOKENS
-    assert tk.chunk_tokens(6400) == 100  # small files: 64 chunks
+    assert tk.chunk_tokens(6400) == 64  # small files: at least 64 chunks, a power of two
+    assert tk.chunk_tokens(50_000_000) == 1 << 19
+    assert tk.chunk_tokens(1) == 1
 
 
 def test_written_file_reads_back_with_plain_h5py(tmp_path: Path) -> None:
