@@ -111,7 +111,7 @@ def test_bad_input_every_rank_reports_and_exits(ranks, tmp_path: Path, kind: str
     out = tmp_path / "out"
     if kind == "utf8":
         (corpus / "doc4.txt").write_bytes(b"fine text\n" * 30 + b"bad \xff byte\n")
-        cmd, args, problem = TEXT, ["--files", str(corpus / "*.txt")], (
+        cmd, args, problem = TEXT, ["--files", str(corpus / "*.txt"), "--val-fraction", "0.3"], (
             f"{corpus / 'doc4.txt'}: invalid UTF-8 at byte offset 304")
     elif kind == "exists":
         out.mkdir()
