@@ -54,6 +54,12 @@ def default_window(block: int, seq_len: int, itemsize: int) -> int:
     return block * max(1, WINDOW_BYTES // max(1, block * (seq_len + 1) * itemsize))
 
 
+def eval_share(num_windows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous windows ``[lo, hi)`` for evaluation: every window on
+    exactly one rank, shares differing by at most one window."""
+    return rank * num_windows // world_size, (rank + 1) * num_windows // world_size
+
+
 def windows_from_tokens(run_tokens: np.ndarray, count: int, seq_len: int) -> np.ndarray:
     """Rows ``k`` = ``run_tokens[k*S : k*S + S + 1]`` for ``k < count`` (a strided view)."""
     item = run_tokens.strides[0]
@@ -335,6 +341,25 @@ class TokenReader:
             source.stop()
             if self._active is source:
                 self._active = None
+
+    def eval_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+        """This rank's share of every window (`eval_share`), in file order, unshuffled.
+
+        For validation: over all ranks each window is scored exactly once. The last
+        batch may be short and ranks may get one batch more or fewer than others, so
+        a caller reduces sums and counts, not per-rank means, after the loop. Reads
+        go straight through HDF5 (no prefetch thread); memory is one batch.
+        """
+        size = batch_size or self.batch_size
+        lo, hi = eval_share(self.num_samples, self.rank, self.world_size)
+        tokens = self._tokens()
+        for a in range(lo, hi, size):
+            b = min(hi, a + size)
+            run = np.asarray(tokens[a * self.seq_len : b * self.seq_len + 1])
+            self.check_ids(run, a * self.seq_len)
+            rows = windows_from_tokens(run, b - a, self.seq_len)
+            yield (torch.from_numpy(rows[:, :-1].astype(np.int64)),
+                   torch.from_numpy(rows[:, 1:].astype(np.int64)))
 
     def _stop_active(self) -> None:
         if self._active is not None:

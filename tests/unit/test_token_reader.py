@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcdp.data import tokens as tk
-from hpcdp.data.token_reader import TokenReader, TokenReaderError, reference_order
+from hpcdp.data.token_reader import TokenReader, TokenReaderError, eval_share, reference_order
 
 
 def make_file(path: Path, num_tokens: int, doc_len: int = 37, chunk: int | None = None) -> Path:
@@ -215,3 +215,25 @@ def test_pickles_without_its_file(tmp_path: Path) -> None:
     np.testing.assert_array_equal(read_all([r2], steps=3), a)
     r.close()
     r2.close()
+
+
+@given(st.integers(0, 500), st.integers(1, 9))
+def test_eval_shares_cover_every_window_once(windows: int, world: int) -> None:
+    shares = [eval_share(windows, r, world) for r in range(world)]
+    assert shares[0][0] == 0 and shares[-1][1] == windows
+    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+    sizes = [hi - lo for lo, hi in shares]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_eval_batches_score_every_window_once_on_any_world_size(tmp_path: Path) -> None:
+    path = make_file(tmp_path / "t.h5", 1001)  # 100 windows of S=10
+    for world in (1, 3, 7):
+        seen = []
+        for rank in range(world):
+            r = TokenReader(path, seq_len=10, batch_size=4, rank=rank, world_size=world)
+            for x, y in r.eval_batches():
+                assert 1 <= len(x) <= 4 and x.shape[1] == 10
+                np.testing.assert_array_equal(y.numpy()[:, :-1], x.numpy()[:, 1:])
+                seen += list(x.numpy()[:, 0] // 10)
+        assert seen == list(range(100))
