@@ -34,11 +34,11 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 @torch.no_grad()
 def evaluate(model: gpt.GPT, path: Path, seq_len: int, batch: int) -> float:
-    """Mean loss over every full batch of the validation file's windows."""
+    """Mean loss, nats per token, over every window of the validation file."""
     model.eval()
     reader = TokenReader(path, seq_len=seq_len, batch_size=batch, prefetch=0)
     total, count = 0.0, 0
-    for x, y in reader:
+    for x, y in reader.eval_batches():
         total += gpt.lm_loss(model(x), y).item() * y.numel()
         count += y.numel()
     reader.close()
