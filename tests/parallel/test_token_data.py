@@ -45,17 +45,23 @@ def write_corpus(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("lines", [False, True])
-def test_text_on_two_ranks_writes_what_one_rank_writes(ranks, tmp_path: Path,
-                                                       lines: bool) -> None:
+@pytest.mark.parametrize(("lines", "tokenizer"), [(False, "bytes"), (True, "bytes"),
+                                                  (True, "bpe")])
+def test_text_on_two_ranks_writes_what_one_rank_writes(ranks, tmp_path: Path, lines: bool,
+                                                       tokenizer: str) -> None:
     corpus = write_corpus(tmp_path / "corpus")
-    args = ["--files", str(corpus / "*.txt"), "--val-fraction", "0.2"]
+    args = ["--files", str(corpus / "*.txt"), "--val-fraction", "0.2", "--tokenizer", tokenizer,
+            "--vocab-size", "300"]
     args += ["--lines"] if lines else []
     assert text_prep.main([*args, "--out", str(tmp_path / "one")]) == 0
     run = ranks(TEXT, *args, "--out", str(tmp_path / "two"), np=2, timeout=120)
     assert "on 2 rank(s)" in run.output
     for split in ("train.h5", "val.h5"):
         same_files(tmp_path / "one" / split, tmp_path / "two" / split)
+    if tokenizer == "bpe":  # rank 0 trains it on the same documents either way
+        one, two = (tmp_path / d / "tokenizer.json" for d in ("one", "two"))
+        assert one.read_bytes() == two.read_bytes()
+        return
     # Byte-level: the documents are the files' bytes (lines: without their line end).
     with h5py.File(tmp_path / "two" / "train.h5") as f:
         toks, offs = f["tokens"][...], f["doc_offsets"][...]
