@@ -164,3 +164,19 @@ def flops_per_token(cfg: GPTConfig, params: int, context: int | None = None) -> 
 def mfu(tokens_per_s: float, flops_token: float, peak_flops: float) -> float:
     """Model FLOPs utilization: achieved model FLOP/s over the device's peak."""
     return tokens_per_s * flops_token / peak_flops if peak_flops > 0 else float("nan")
+
+
+#: Dense bf16 tensor-core peaks, FLOP/s, from the vendors' data sheets (without sparsity),
+#: matched against the device name in this order; configure the peak for anything else.
+BF16_PEAK_FLOPS = (
+    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12),
+    ("A100", 312e12), ("L40S", 362e12),
+)
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a known GPU by name (torch.cuda.get_device_name), else None."""
+    for key, peak in BF16_PEAK_FLOPS:
+        if key.lower() in device_name.lower():
+            return peak
+    return None

@@ -65,6 +65,10 @@ def test_flops_per_token() -> None:
     n = 124_439_808 - 1024 * 768
     assert gpt.flops_per_token(cfg, n) == 6 * n + 12 * 12 * 768 * 1024
     assert gpt.mfu(1000.0, 1e9, 1e12) == pytest.approx(1.0)
+    assert gpt.peak_flops("NVIDIA H200") == gpt.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert gpt.peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert gpt.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert gpt.peak_flops("cpu") is None
 
 
 def test_residual_projections_start_smaller() -> None:
