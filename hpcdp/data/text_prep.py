@@ -191,10 +191,18 @@ def _exscan(comm: Any, value: int) -> int:
 def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
                    ) -> tuple[tz.Tokenizer, dict[str, list[np.ndarray]]]:
     """Collective: the tokenizer and this rank's tokenized documents per split."""
-    spans = corpus.spans(comm.rank, comm.size)
+    spans: list[Span] = []
+    try:
+        spans = corpus.spans(comm.rank, comm.size)
+    except OSError as exc:  # e.g. a file removed since it was listed
+        error = tw.agree(comm, f"cannot read the corpus: {exc}")
+    else:
+        error = tw.agree(comm, None)
+    if error:
+        raise tw.TokenPrepError(error)
     train, val = split_docs(spans, _exscan(comm, len(spans)), args.val_fraction)
     check_counts(comm, {"train": train, "val": val}, args.val_fraction)
-    error, tok = None, None
+    tok = None
     try:
         tok = make_tokenizer(args, corpus, comm)
     except (tz.TokenizerError, tw.TokenPrepError) as exc:
