@@ -24,7 +24,7 @@ pytestmark = pytest.mark.parallel
 TRAIN = [sys.executable, "-m", "hpcdp.train"]
 N_TRAIN, N_VAL = 320, 64  # batch 16 per rank, 2 ranks: 10 steps
 FLOOR = 5.0  # run.stall_floor_s: the bound once steps are measured (they take milliseconds)
-TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")  # mpirun --tag-output
+TAG = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # mpirun, horovodrun --gloo
 
 
 @pytest.fixture
