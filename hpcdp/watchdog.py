@@ -251,8 +251,12 @@ class Watchdog:
         return Beat(p.step, p.entered, time.time(), stalled, self._host, self._pid, p.phase)
 
     def _write_beat(self, stalled: bool) -> None:
-        """Rewrite this rank's heartbeat in place; never fails the run."""
-        if self.folder is None:
+        """Rewrite this rank's heartbeat in place; never fails the run.
+
+        Only from the first step on: a run refused during setup (bad data, a checkpoint
+        of another model) must leave an existing run folder as it found it.
+        """
+        if self.folder is None or progress.step < 0:
             return
         try:
             if self._fd is None:
@@ -266,7 +270,7 @@ class Watchdog:
             pass
 
     def _mark_stalled(self) -> None:
-        if self.folder is None:
+        if self.folder is None or progress.step < 0:
             return
         try:
             fd = os.open(self.folder / "stalled", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

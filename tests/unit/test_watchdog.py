@@ -100,6 +100,18 @@ def test_no_run_folder_yet_means_no_heartbeat_and_no_harm(tmp_path: Path) -> Non
     assert f"{PREFIX} no rank is behind the others: rank 0" in out.getvalue()
 
 
+def test_nothing_is_written_before_the_first_step(tmp_path: Path) -> None:
+    """A run refused in setup leaves an existing run folder as it was."""
+    fired, out = threading.Event(), io.StringIO()
+    d = dog(tmp_path, rank=0, size=2, fired=fired, out=out).start()  # stalls in "start"
+    try:
+        assert fired.wait(5.0)
+    finally:
+        d.stop()
+    assert list((tmp_path / "run").iterdir()) == []
+    assert "stalled at step -1 in start" in out.getvalue()
+
+
 def test_intervals_are_timed_by_kind() -> None:
     p = watchdog.progress
     watchdog.beat(0)
