@@ -82,8 +82,8 @@ def test_slow_makes_each_step_about_factor_times_as_long(
         faults.inject(step, 0)
         time.sleep(0.05)  # the rank's own work
         took.append(time.monotonic() - t0)
-    assert took[0] < 0.09  # nothing measured yet
-    assert all(0.13 < t < 0.3 for t in took[1:]), took  # ~3 x 0.05 s
+    assert took[0] < 0.12  # nothing measured yet
+    assert all(0.14 < t < 1.0 for t in took[1:]), took  # ~3 x 0.05 s (loose: a loaded machine)
     t0 = time.monotonic()
     faults.inject(9, 1)  # another rank: no delay
     assert time.monotonic() - t0 < 0.01
