@@ -140,7 +140,7 @@ class HorovodConfig:
     # Horovod ignores below the check time (refused here). Negative: the environment's or
     # Horovod's default. hpcdp's own watchdog (run.step_timeout_s) works under any controller.
     stall_check_s: float = -1.0
-    stall_shutdown_s: float = -1.0  # see horovod.stall_check_s; negative: the environment's, else never
+    stall_shutdown_s: float = -1.0  # see stall_check_s; negative: the environment's, else never
 
 
 @dataclass
