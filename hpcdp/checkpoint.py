@@ -74,9 +74,7 @@ def to_safe(obj: Any, where: str = "state") -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject:
-            raise CheckpointError(f"{where} is a NumPy array of Python objects")
-        return torch.from_numpy(np.array(obj, copy=True))
+        return _array_to_tensor(obj, where)
     if isinstance(obj, dict):
         items = [(to_safe(k, f"a key of {where}"), to_safe(v, f"{where}[{k!r}]"))
                  for k, v in obj.items()]
@@ -98,11 +96,23 @@ def to_safe(obj: Any, where: str = "state") -> Any:
         "tensors, numbers, strings, lists, tuples and dicts (convert it before saving)")
 
 
+def _array_to_tensor(arr: np.ndarray, where: str) -> torch.Tensor:
+    """A copy as a tensor; uint16/uint32 widen to int64 (lossless), since tensors of those
+    dtypes do not survive plain pickling (as Horovod's allgather_object does)."""
+    if arr.dtype in (np.uint16, np.uint32):
+        arr = arr.astype(np.int64)
+    try:
+        return torch.from_numpy(np.array(arr, copy=True))
+    except TypeError:
+        raise CheckpointError(f"{where} is a NumPy array of dtype {arr.dtype}, which a "
+                              "checkpoint cannot hold as a tensor") from None
+
+
 def capture_rng() -> dict[str, Any]:
     """This process's random generators as tensors and plain values (see restore_rng)."""
     state: dict[str, Any] = {
         "python": random.getstate(),  # (version, 625 ints, gauss or None)
-        "numpy": to_safe(np.random.get_state()),  # (name, uint32 keys as a tensor, ...)
+        "numpy": to_safe(np.random.get_state()),  # (name, keys as an int64 tensor, ...)
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
