@@ -57,12 +57,17 @@ def args(data: Path, run: Path, *extra: str) -> list[str]:
 _TAGGED = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:((?:(?!\[\d+,\d+\]<std).)*)", re.S)
 
 
-def refused_on_every_rank(ranks, argv: list[str], np: int, needle: str) -> None:
-    """The run fails within the bound and every rank reports `needle` (mpirun's tags)."""
+def refused(ranks, argv: list[str], np: int) -> str:
+    """Run a job that must fail within the bound; its output."""
     run = ranks(argv, np=np, timeout=60.0, expect_ok=False)
     assert not run.timed_out and run.returncode != 0, run.describe()
-    saying = {int(r) for r, text in _TAGGED.findall(run.output) if needle in text}
-    assert saying == set(range(np)), run.output
+    return run.output
+
+
+def on_every_rank(output: str, np: int, needle: str) -> None:
+    """Every rank reported `needle` (mpirun tags each rank's writes)."""
+    saying = {int(r) for r, text in _TAGGED.findall(output) if needle in text}
+    assert saying == set(range(np)), output
 
 
 @pytest.mark.parametrize("np", [1, 2])
@@ -76,9 +81,9 @@ def test_planted_checkpoint_never_runs(ranks, data: Path, tmp_path: Path, np: in
         planted = tmp_path / "shared" / "best.pt"
         extra = [f"checkpoint.resume={planted}"]
     plant(planted, marker)
-    refused_on_every_rank(ranks, [*TRAIN, *args(data, run, *extra)], np,
-                          f"{planted}: refused: it holds a reference to posix.system")
-    assert not marker.exists()
+    out = refused(ranks, [*TRAIN, *args(data, run, *extra)], np)
+    assert not marker.exists(), "the planted checkpoint's code ran"
+    on_every_rank(out, np, f"{planted}: refused: it holds a reference to posix.system")
 
 
 def test_writable_checkpoints_are_refused_unless_overridden(ranks, data: Path,
@@ -87,12 +92,12 @@ def test_writable_checkpoints_are_refused_unless_overridden(ranks, data: Path,
     ranks(TRAIN, *args(data, run, "run.stop_at_step=2"), np=1, timeout=BOUND)
     folder, path = run / "checkpoints", ck.step_path(run / "checkpoints", 2)
     folder.chmod(0o777)
-    refused_on_every_rank(ranks, [*TRAIN, *args(data, run)], 2,
-                          f"checkpoint folder '{folder}' is writable by others (mode 0o777)")
+    out = refused(ranks, [*TRAIN, *args(data, run)], 2)
+    on_every_rank(out, 2, f"checkpoint folder '{folder}' is writable by others (mode 0o777)")
     folder.chmod(0o755)
     path.chmod(0o666)
-    refused_on_every_rank(ranks, [*TRAIN, *args(data, run, f"checkpoint.resume={path}")], 2,
-                          f"checkpoint '{path}' is writable by others (mode 0o666)")
+    out = refused(ranks, [*TRAIN, *args(data, run, f"checkpoint.resume={path}")], 2)
+    on_every_rank(out, 2, f"checkpoint '{path}' is writable by others (mode 0o666)")
     out = ranks(TRAIN, *args(data, run, "checkpoint.strict_permissions=false"), np=1,
                 timeout=BOUND).output
     assert "resuming anyway: checkpoint.strict_permissions=false" in out
