@@ -98,7 +98,7 @@ def test_writable_checkpoints_are_refused_unless_overridden(ranks, data: Path,
     path.chmod(0o666)
     out = refused(ranks, [*TRAIN, *args(data, run, f"checkpoint.resume={path}")], 2)
     on_every_rank(out, 2, f"checkpoint '{path}' is writable by others (mode 0o666)")
-    out = ranks(TRAIN, *args(data, run, "checkpoint.strict_permissions=false"), np=1,
-                timeout=BOUND).output
+    out = ranks(TRAIN, *args(data, run, "checkpoint.strict_permissions=false",
+                             "run.stop_at_step=3"), np=1, timeout=BOUND).output
     assert "resuming anyway: checkpoint.strict_permissions=false" in out
     assert f"resumed from {path}" in out
