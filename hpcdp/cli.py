@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "slurm": ("hpcdp.slurm", "render or submit a Slurm batch script for an allocation"),
     "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
+    "checkpoint": ("hpcdp.checkpoint", "convert a checkpoint from before safe loading, once"),
 }
 
 
@@ -34,7 +35,7 @@ def report_crashes() -> None:
 
 def usage() -> str:
     lines = ["usage: hpcdp <command> [options]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "Run 'hpcdp <command> --help' for a command's options."]
     return "\n".join(lines)
 

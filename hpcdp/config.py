@@ -151,6 +151,8 @@ class CheckpointConfig:
     keep: int = 3  # newest checkpoint files kept
     resume: str = "auto"  # auto | none | <path to a checkpoint file>
     dir: str = ""  # empty: <run dir>/checkpoints
+    allow_group_write: bool = False  # resume from files your group can write (shared folders)
+    strict_permissions: bool = True  # refuse to resume what others could write; false: warn
 
 
 @dataclass

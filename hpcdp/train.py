@@ -119,23 +119,12 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """This rank's random generators, in a form any process can restore."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
+    """This rank's random generators, as tensors and plain values any process can restore."""
+    return ckpt.capture_rng()
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    ckpt.restore_rng(state)
 
 
 def fingerprints(x: torch.Tensor) -> list[str]:
@@ -243,20 +232,21 @@ def autocast(cfg: Config, device: torch.device) -> Any:
 def decide_resume(cfg: Config, model: torch.nn.Module) -> dict[str, Any]:
     """Rank 0 only: what to resume from, as a message every rank can act on."""
     mode = cfg.checkpoint.resume
+    trust = ckpt.Trust(cfg.checkpoint.allow_group_write, cfg.checkpoint.strict_permissions)
     try:
         if mode == "none":
             return {"kind": "fresh"}
         if mode == "auto":
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                found = ckpt.find_latest(cfg.checkpoint_dir)
+                found = ckpt.find_latest(cfg.checkpoint_dir, trust)
             notes = [str(w.message) for w in caught]
             if found is None:
                 return {"kind": "fresh", "notes": notes}
             path, data = found.path, found.data
         else:
             path, notes = Path(mode), []
-            data = ckpt.read_verified(path)
+            data = ckpt.read_verified(path, trust)
         state = ckpt.decode(data, str(path))
         ckpt.check_compatible(state, model, cfg.model.name, f"checkpoint {str(path)!r}")
         return {"kind": "resume", "path": str(path), "data": data, "notes": notes}

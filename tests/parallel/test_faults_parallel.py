@@ -146,10 +146,13 @@ def test_nan_loss_skip_keeps_training(ranks, data: Path, tmp_path: Path) -> None
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    """A 512 KiB tmpfs: room for one checkpoint of the tiny model (340 KB), not two."""
+    """A 512 KiB tmpfs: room for one checkpoint of the tiny model (340 KB), not two.
+
+    Mode 0700: a tmpfs root is 1777 by default, which resume refuses (docs/checkpoints.md).
+    """
     mnt = tmp_path / "small"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
