@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
+import re
 import sys
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ class RunConfig:
     """Identity, length and reproducibility of a run."""
 
     name: str = "default"
-    dir: str = ""  # empty: runs/<name>
+    dir: str = ""  # empty: runs/<name>; ${VAR} expands (also in data.path, checkpoint.*)
     seed: int = 0
     epochs: int = 1
     max_steps: int = 0  # stop after this many optimizer steps in total; 0: no limit
@@ -138,6 +141,9 @@ class PreemptConfig:
     signals: list[str] = field(default_factory=lambda: ["USR1", "TERM"])
     check_every: int = 1  # agree on the flag every N steps (all ranks same schedule)
     requeue: bool = True  # `scontrol requeue` the Slurm job after the checkpoint
+    # Requeue no more once the job has been requeued this often (SLURM_RESTART_COUNT),
+    # so that a job that cannot make progress stops instead of looping.
+    max_requeues: int = 20
 
 
 @dataclass
@@ -287,8 +293,38 @@ def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...]
     for text in overrides:
         sec, key, value = parse_override(text)
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
+    expand_paths(cfg, os.environ)
     validate(cfg)
     return cfg
+
+
+# Paths that may name environment variables, so that one batch script serves every task
+# of a job array: run.dir=runs/r_${SLURM_ARRAY_TASK_ID}.
+PATH_KEYS = ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume")
+_VAR = re.compile(r"\$\{([^}]*)\}")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def expand_vars(key: str, text: str, environ: Mapping[str, str]) -> str:
+    """`${NAME}` in `text` replaced by its value in `environ`; unset or malformed: an error."""
+
+    def value(m: re.Match[str]) -> str:
+        name = m[1]
+        if not _NAME.match(name):
+            raise ConfigError(f"{key}={text!r}: ${{{name}}} is not a variable name")
+        if name not in environ:
+            raise ConfigError(f"{key}={text!r}: environment variable {name} is not set")
+        return environ[name]
+
+    return _VAR.sub(value, text)
+
+
+def expand_paths(cfg: Config, environ: Mapping[str, str]) -> None:
+    """Expand `${NAME}` in the path settings (PATH_KEYS), in place."""
+    for key in PATH_KEYS:
+        sec, name = key.split(".")
+        section = getattr(cfg, sec)
+        setattr(section, name, expand_vars(key, getattr(section, name), environ))
 
 
 def validate(cfg: Config) -> None:
@@ -323,6 +359,7 @@ def validate(cfg: Config) -> None:
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
         "run.step_timeout_s": cfg.run.step_timeout_s,
+        "preempt.max_requeues": cfg.preempt.max_requeues,
     }
     for key, value in non_negative.items():
         if value < 0:
