@@ -33,7 +33,7 @@ CONFIG = REPO / "hpcdp" / "configs" / "digits.toml"
 Cluster = Any  # tests/slurm/conftest.py's Cluster, reached through the fixture
 Job = Any
 # Long enough that a signal sent after step 10 lands well before the end.
-STEPS = 100
+STEPS = 40
 
 
 def train_args(run_dir: Path, data: Path, steps: int = STEPS, *extra: str) -> list[str]:
