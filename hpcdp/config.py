@@ -12,6 +12,7 @@ import difflib
 import json
 import math
 import os
+import re
 import sys
 import typing
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ class RunConfig:
     """Identity, length and reproducibility of a run."""
 
     name: str = "default"  # names the run folder runs/<name> when run.dir is empty
-    dir: str = ""  # empty: runs/<name>
+    dir: str = ""  # empty: runs/<name>; ${VAR} expands (also in data.path, checkpoint.*)
     seed: int = 0  # initial weights, data order and per-rank random streams
     epochs: int = 1  # passes over the training data
     max_steps: int = 0  # stop after this many optimizer steps in total; 0: no limit
@@ -163,6 +164,9 @@ class PreemptConfig:
     signals: list[str] = field(default_factory=lambda: ["USR1", "TERM"])  # ask to stop
     check_every: int = 1  # agree on the flag every N steps (all ranks same schedule)
     requeue: bool = True  # `scontrol requeue` the Slurm job after the checkpoint
+    # Requeue no more once the job has been requeued this often (SLURM_RESTART_COUNT),
+    # so that a job that cannot make progress stops instead of looping.
+    max_requeues: int = 20
 
 
 @dataclass
@@ -329,9 +333,39 @@ def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...]
     for text in overrides:
         sec, key, value = parse_override(text)
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
+    expand_paths(cfg, os.environ)
     validate(cfg)
     check_paths(cfg)
     return cfg
+
+
+# Paths that may name environment variables, so that one batch script serves every task
+# of a job array: run.dir=runs/r_${SLURM_ARRAY_TASK_ID}.
+PATH_KEYS = ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume")
+_VAR = re.compile(r"\$\{([^}]*)\}")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def expand_vars(key: str, text: str, environ: Mapping[str, str]) -> str:
+    """`${NAME}` in `text` replaced by its value in `environ`; unset or malformed: an error."""
+
+    def value(m: re.Match[str]) -> str:
+        name = m[1]
+        if not _NAME.match(name):
+            raise ConfigError(f"{key}={text!r}: ${{{name}}} is not a variable name")
+        if name not in environ:
+            raise ConfigError(f"{key}={text!r}: environment variable {name} is not set")
+        return environ[name]
+
+    return _VAR.sub(value, text)
+
+
+def expand_paths(cfg: Config, environ: Mapping[str, str]) -> None:
+    """Expand `${NAME}` in the path settings (PATH_KEYS), in place."""
+    for key in PATH_KEYS:
+        sec, name = key.split(".")
+        section = getattr(cfg, sec)
+        setattr(section, name, expand_vars(key, getattr(section, name), environ))
 
 
 def validate(cfg: Config) -> None:
@@ -366,6 +400,7 @@ def validate(cfg: Config) -> None:
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
+        "preempt.max_requeues": cfg.preempt.max_requeues,
     }
     for key, value in non_negative.items():
         if value < 0:

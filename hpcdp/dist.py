@@ -24,11 +24,16 @@ import torch
 from hpcdp import hvd_settings
 from hpcdp.config import HorovodConfig
 from hpcdp.placement import (
+    PlacementError,
     RankPlacement,
     check_placement,
-    device_index_for_local_rank,
+    choose_gpu,
+    gpu_cpus,
+    launch_mismatch,
+    node_gpu_count,
     node_name,
     placement_message,
+    visible_devices,
 )
 from hpcdp.watchdog import waiting
 
@@ -73,6 +78,9 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)
     hvd.init()
+    mismatch = launch_mismatch(hvd.size(), environ)
+    if mismatch:  # every task alone in its world: no collective can hang here
+        raise AgreedError(mismatch)
 
 
 def wants_gpu(kind: str, cuda_available: bool) -> bool:
@@ -81,8 +89,10 @@ def wants_gpu(kind: str, cuda_available: bool) -> bool:
 
 
 def choose_device(kind: str, local_rank: int, cuda_available: bool, device_count: int,
-                  visible: str | None) -> torch.device:
-    """One GPU per local rank; device 0 when the scheduler narrowed visibility to one GPU.
+                  visible: str | None, node_gpus: int | None = None,
+                  affinity: set[int] | None = None, near: Sequence[set[int] | None] = (),
+                  where: str = "this rank") -> torch.device:
+    """This rank's device: a GPU by hpcdp.placement.choose_gpu, or the CPU.
 
     `kind` is auto | cpu | cuda. Pure, so the placement rule is testable without GPUs.
     """
@@ -90,23 +100,53 @@ def choose_device(kind: str, local_rank: int, cuda_available: bool, device_count
         return torch.device("cpu")
     if not cuda_available or device_count < 1:
         raise AgreedError("run.device='cuda' but no CUDA device is visible to this rank")
+    ids = visible_devices(visible) or []
+    if len(ids) != device_count:
+        ids = [str(i) for i in range(device_count)]
     try:
-        index = device_index_for_local_rank(local_rank, device_count)
-    except ValueError as exc:
-        raise AgreedError(
-            f"{exc} (CUDA_VISIBLE_DEVICES={visible!r}); start at most one rank per GPU"
-        ) from exc
+        index = choose_gpu(ids, local_rank, node_gpus, affinity, near, where)
+    except PlacementError as exc:
+        raise AgreedError(f"{exc}; start at most one rank per GPU") from exc
     return torch.device("cuda", index)
+
+
+def _pci_address(index: int) -> str | None:
+    """The PCI address of CUDA device `index` ("0000:3b:00.0"), if PyTorch reports it."""
+    props = torch.cuda.get_device_properties(index)
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return None
+    return (f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:"
+            f"{getattr(props, 'pci_device_id', 0):02x}.0")
+
+
+def _where() -> str:
+    return f"rank {hvd.rank()} on {node_name(os.environ, socket.gethostname())}"
 
 
 def pin_device(kind: str) -> torch.device:
     """Choose this rank's device and make it current."""
     cuda = torch.cuda.is_available()
-    device = choose_device(kind, hvd.local_rank(), cuda, torch.cuda.device_count() if cuda else 0,
-                           os.environ.get("CUDA_VISIBLE_DEVICES"))
+    count = torch.cuda.device_count() if cuda else 0
+    near = gpu_cpus([_pci_address(i) for i in range(count)]) if wants_gpu(kind, cuda) else []
+    device = choose_device(kind, hvd.local_rank(), cuda, count,
+                           os.environ.get("CUDA_VISIBLE_DEVICES"), node_gpu_count(os.environ),
+                           os.sched_getaffinity(0), near, _where())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def gpu_id(device: torch.device) -> str | None:
+    """The GPU this rank uses (or, on CPU, would use), as CUDA_VISIBLE_DEVICES names it."""
+    ids = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES")) or []
+    if device.type == "cuda":
+        return ids[device.index] if device.index is not None and device.index < len(ids) \
+            else str(device.index)
+    try:
+        return ids[choose_gpu(ids, hvd.local_rank(), node_gpu_count(os.environ))] if ids else None
+    except PlacementError:
+        return None
 
 
 def identity(device: torch.device) -> dict[str, Any]:
@@ -121,6 +161,7 @@ def identity(device: torch.device) -> dict[str, Any]:
         "slurm_node": os.environ.get("SLURMD_NODENAME"),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpu": gpu_id(device),
         "device": str(device),
         "controller": "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "other",
         "fusion_threshold": int(os.environ.get("HOROVOD_FUSION_THRESHOLD", "-1")),

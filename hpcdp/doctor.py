@@ -2,9 +2,10 @@
 
 As one process it checks the build (Horovod's frameworks, controllers and
 tensor operations; the MPI library; parallel HDF5; PyTorch and CUDA; Slurm's
-commands). Under a launcher with several ranks it also gathers every rank's
-placement and checks that ranks, local ranks and sizes agree and that no two
-local ranks on a node share a GPU. It exits non-zero, naming each problem.
+commands and the `srun --mpi` plugin that fits the MPI library). Under a launcher
+with several ranks it also gathers every rank's placement and checks that ranks,
+local ranks and sizes agree and that no two local ranks on a node share a GPU.
+It exits non-zero, naming each problem.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import argparse
 import dataclasses
 import os
 import shutil
+import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpcdp.placement import (
@@ -158,8 +160,74 @@ def check_slurm() -> list[Check]:
     return [Check(OK, "slurm", "sbatch, srun, scontrol, squeue found")]
 
 
+# The srun --mpi plugins each MPI library starts under, best first. Cray MPICH and
+# Intel MPI name themselves before the MPICH they derive from.
+PLUGINS_FOR = (
+    ("CRAY MPICH", ("cray_shasta",)),
+    ("Intel(R) MPI", ("pmi2", "pmix")),
+    ("Open MPI", ("pmix",)),
+    ("MVAPICH", ("pmi2",)),
+    ("MPICH", ("pmi2", "pmix")),
+)
+
+
+def srun_plugins(listing: str) -> list[str]:
+    """`srun --mpi=list` output -> the plugin names it offers (pure)."""
+    names: list[str] = []
+    for line in listing.splitlines():
+        if "versions available:" in line:
+            names += line.split(":", 1)[1].replace(",", " ").split()
+        elif line[:1] in ("\t", " ") and line.strip():
+            names.append(line.strip())
+    return names
+
+
+def mpi_plugin_check(library: str, offered: Sequence[str], site_default: str | None,
+                     chosen: str | None) -> Check:
+    """Whether srun will start this MPI library's ranks as one world (pure).
+
+    `chosen` is HPCDP_SRUN_MPI (what the batch scripts pass as --mpi), else the
+    site's MpiDefault applies.
+    """
+    used = chosen or site_default
+    how = f"HPCDP_SRUN_MPI={chosen}" if chosen else f"the site's MpiDefault={site_default}"
+    kinds = next((k for name, k in PLUGINS_FOR if name in library), None)
+    if kinds is None:
+        return Check(WARN, "srun --mpi", f"unknown MPI library; srun uses {how}")
+    fits = [p for kind in kinds for p in offered if p.split("_v")[0] == kind]
+    if used and used.split("_v")[0] in kinds:
+        return Check(OK, "srun --mpi", f"{how} fits {library.split(',')[0]}")
+    if not fits:
+        return Check(FAIL, "srun --mpi", f"srun offers {', '.join(offered) or 'no plugin'}, "
+                     f"none of {', '.join(kinds)} that {library.split(',')[0]} needs")
+    return Check(FAIL, "srun --mpi", f"{how} does not start {library.split(',')[0]} ranks as "
+                 f"one world: export HPCDP_SRUN_MPI={fits[0]} (srun offers {', '.join(offered)})")
+
+
+def check_srun_mpi(timeout: float = 20.0) -> list[Check]:
+    """Which `srun --mpi` plugin fits this MPI library, when Slurm is reachable."""
+    if shutil.which("srun") is None or shutil.which("scontrol") is None:
+        return []
+    try:
+        from mpi4py import MPI
+
+        listing = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True,
+                                 timeout=timeout, check=False)
+        config = subprocess.run(["scontrol", "show", "config"], capture_output=True,
+                                text=True, timeout=timeout, check=False)
+    except Exception as exc:  # noqa: BLE001 - no MPI or no Slurm controller here
+        return [Check(WARN, "srun --mpi", f"not checked: {exc}")]
+    if listing.returncode != 0:
+        return [Check(WARN, "srun --mpi", "not checked: `srun --mpi=list` failed")]
+    default = next((line.split("=", 1)[1].strip() for line in config.stdout.splitlines()
+                    if line.split("=", 1)[0].strip() == "MpiDefault"), None)
+    return [mpi_plugin_check(MPI.Get_library_version(), srun_plugins(listing.stdout + "\n"
+                             + listing.stderr), default, os.environ.get("HPCDP_SRUN_MPI"))]
+
+
 def stack_checks() -> list[Check]:
-    return check_torch() + check_horovod() + check_mpi() + check_hdf5() + check_slurm()
+    return (check_torch() + check_horovod() + check_mpi() + check_hdf5() + check_slurm()
+            + check_srun_mpi())
 
 
 def my_placement(hvd) -> tuple[RankPlacement, list[str]]:

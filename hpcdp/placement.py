@@ -1,7 +1,8 @@
-"""Which GPU a local rank uses, and whether a job's ranks are placed sanely.
+"""Which GPU a rank uses, and whether a job's ranks are placed sanely.
 
-Pure functions: the doctor gathers one `RankPlacement` per rank and checks the
-list here, so the rules can be tested without a launcher.
+Pure functions (sysfs read through a root that tests replace): the training and
+the doctor gather one `RankPlacement` per rank and check the list here, so the
+rules can be tested without a launcher or a GPU.
 """
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+
+class PlacementError(ValueError):
+    """A rank cannot be given a GPU of its own; the message names the node and rank."""
 
 
 def node_name(environ: Mapping[str, str], hostname: str) -> str:
@@ -52,6 +58,76 @@ def physical_gpu(local_rank: int, cuda_visible_devices: str | None) -> str | Non
     if not devices:
         return None
     return devices[device_index_for_local_rank(local_rank, len(devices))]
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """Linux's CPU list format ("0-3,8,10-11") -> {0, 1, 2, 3, 8, 10, 11}."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def gpu_cpus(pci_addresses: Sequence[str | None], sysfs: str | Path = "/sys",
+             ) -> list[set[int] | None]:
+    """The CPUs nearest each GPU (sysfs local_cpulist of its PCI device); None if unknown."""
+    found: list[set[int] | None] = []
+    for address in pci_addresses:
+        path = Path(sysfs) / "bus" / "pci" / "devices" / str(address).lower() / "local_cpulist"
+        try:
+            found.append(parse_cpulist(path.read_text()) if address else None)
+        except (OSError, ValueError):
+            found.append(None)
+    return found
+
+
+def node_gpu_count(environ: Mapping[str, str]) -> int | None:
+    """The GPUs this job step has on this node (Slurm's SLURM_GPUS_ON_NODE), if known."""
+    value = environ.get("SLURM_GPUS_ON_NODE", "")
+    return int(value) if value.isdigit() else None
+
+
+def nearest_gpu(affinity: set[int], near: Sequence[set[int] | None]) -> int | None:
+    """The one GPU whose CPUs hold more of `affinity` than any other's, else None."""
+    shares = [len(affinity & cpus) if cpus else 0 for cpus in near]
+    best = max(shares, default=0)
+    if best == 0 or shares.count(best) != 1:
+        return None
+    return shares.index(best)
+
+
+def choose_gpu(visible: Sequence[str], local_rank: int, node_gpus: int | None = None,
+               affinity: set[int] | None = None, near: Sequence[set[int] | None] = (),
+               where: str = "this rank") -> int:
+    """Index into `visible` (the GPUs this rank sees) of the GPU it uses.
+
+    One GPU seen: Slurm bound it to this rank (--gpus-per-task, --gpu-bind, ...),
+    use it. All of the node's GPUs seen (`node_gpus` unknown, or as many): the one
+    nearest this rank's CPUs (`near[i]`: GPU i's CPUs, against the rank's
+    `affinity`) when one is nearer than the others, else the one at its local
+    rank. Anything else (a share of the GPUs, more ranks than GPUs) is an error
+    naming `where` (node and rank) and what it sees.
+    """
+    n = len(visible)
+    seen = f"CUDA_VISIBLE_DEVICES={','.join(visible)}" if visible else "no GPU"
+    if n == 1:
+        return 0
+    if n == 0:
+        raise PlacementError(f"{where} sees {seen}")
+    if node_gpus is not None and n != node_gpus:
+        raise PlacementError(
+            f"{where} sees {n} of the node's {node_gpus} GPUs ({seen}): one rank per GPU "
+            "needs each rank to see one GPU (e.g. --gpus-per-task=1) or all of them")
+    nearest = nearest_gpu(affinity, near) if affinity and len(near) == n else None
+    if nearest is not None:
+        return nearest
+    if local_rank >= n:
+        raise PlacementError(f"{where}: local rank {local_rank} has no GPU of its own: it sees "
+                             f"only {n} ({seen}), more ranks on the node than GPUs")
+    return local_rank
 
 
 @dataclass(frozen=True)
@@ -108,3 +184,22 @@ def placement_message(problems: Sequence[str]) -> str | None:
         hint = (": start at most one rank per GPU (fewer ranks per node, or give each rank "
                 "its own GPU, e.g. Slurm's --gpus-per-task=1 or CUDA_VISIBLE_DEVICES)")
     return "; ".join(problems) + hint
+
+
+def launch_mismatch(size: int, environ: Mapping[str, str]) -> str | None:
+    """Why this world cannot be the one srun started, or None (pure).
+
+    With an srun MPI plugin that does not fit the MPI library (or none), every
+    task starts as rank 0 of a world of its own, and all of them would write one
+    run dir. Only a world of 1 is judged: mpirun inside a job step legitimately
+    starts more ranks than the step has tasks.
+    """
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if size != 1 or not tasks.isdigit() or int(tasks) <= 1:
+        return None
+    plugin = environ.get("SLURM_MPI_TYPE")
+    used = f"--mpi={plugin}" if plugin else "the site's MpiDefault"
+    return (f"srun started {tasks} tasks but each is a world of 1 rank: srun's MPI plugin "
+            f"({used}) does not fit this MPI library. Set HPCDP_SRUN_MPI (srun --mpi) to "
+            "one that `srun --mpi=list` offers and the MPI supports (pmix for Open MPI; "
+            "`hpcdp doctor` checks)")

@@ -16,10 +16,18 @@ import logging
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 log = logging.getLogger("hpcdp.preempt")
+
+# Exit statuses of a run that stopped at a checkpoint before its end, so that a job
+# never reads COMPLETED (and starts its `afterok` dependents) on unfinished training.
+# EXIT_REQUEUE: the job should be requeued and the ranks could not do it (no scontrol
+# inside a container, say): the batch script requeues it. EXIT_STOPPED: unfinished, and
+# not to be requeued (cancelled, preempt.requeue=false, preempt.max_requeues reached).
+EXIT_REQUEUE = 75
+EXIT_STOPPED = 76
 
 
 def signal_number(name: str) -> signal.Signals:
@@ -110,27 +118,41 @@ def requeue_wanted(show: str) -> tuple[bool, str]:
     state, reason = fields.get("JobState", ""), fields.get("Reason", "")
     if not state:
         return True, "job state unknown"
+    if fields.get("Requeue") == "0":
+        return False, "the job was submitted with --no-requeue (Requeue=0)"
     if state in ("COMPLETING", "CANCELLED") and reason not in ("TimeLimit", "Preempted"):
         return False, f"job is being cancelled (JobState={state} Reason={reason or '?'})"
     return True, f"JobState={state} Reason={reason or '?'}"
 
 
-def requeue_job(job_id: str, scontrol: str = "scontrol", timeout: float = 60.0) -> bool:
-    """Ask Slurm to requeue `job_id`, unless its user cancelled it; True if requeued.
+def requeue_target(environ: Mapping[str, str]) -> str | None:
+    """The id to requeue: this array task alone (`<array id>_<task id>`), else the job.
 
-    False (logged) when the job was cancelled, the requeue failed, or this rank's
-    watchdog reported a stall: a stall is not a preemption, and a requeued job would
+    The array's own id is also the JobId of one of its tasks, and `scontrol requeue`
+    of that id requeues every task of the array.
+    """
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return environ.get("SLURM_JOB_ID") or None
+
+
+def try_requeue(job_id: str, scontrol: str = "scontrol",
+                timeout: float = 60.0) -> tuple[str, str]:
+    """Ask Slurm to requeue `job_id` unless it must not be; (outcome, why).
+
+    outcome: "requeued"; "refused" (cancelled by its user, or --no-requeue); or
+    "failed" (no scontrol here, no answer, or Slurm said no). A rank whose watchdog
+    reported a stall refuses: a stall is not a preemption, and a requeued job would
     only stall again on the same node or file system.
     """
     from hpcdp import watchdog
 
     if watchdog.stalled():
-        log.warning("not requeueing job %s: a stall was reported (see 'hpcdp stall:')", job_id)
-        return False
+        return "refused", "a stall was reported (see 'hpcdp stall:')"
     exe = shutil.which(scontrol)
     if exe is None:
-        log.warning("cannot requeue job %s: %s not found", job_id, scontrol)
-        return False
+        return "failed", f"{scontrol} not found"
     try:
         shown = subprocess.run([exe, "show", "job", "-o", str(job_id)], capture_output=True,
                                text=True, timeout=timeout, check=False)
@@ -139,16 +161,60 @@ def requeue_job(job_id: str, scontrol: str = "scontrol", timeout: float = 60.0) 
         show = ""
     wanted, why = requeue_wanted(show)
     if not wanted:
-        log.warning("not requeueing job %s: %s", job_id, why)
-        return False
+        return "refused", why
     try:
         done = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True,
                               timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        log.warning("scontrol requeue %s did not answer within %.0fs", job_id, timeout)
-        return False
+        return "failed", f"scontrol requeue {job_id} did not answer within {timeout:.0f}s"
     if done.returncode != 0:
-        log.warning("scontrol requeue %s failed (exit %d): %s", job_id, done.returncode,
-                    (done.stderr or done.stdout).strip())
-        return False
-    return True
+        return "failed", (f"scontrol requeue {job_id} failed (exit {done.returncode}): "
+                          f"{(done.stderr or done.stdout).strip()}")
+    return "requeued", why
+
+
+def requeue_job(job_id: str, scontrol: str = "scontrol", timeout: float = 60.0) -> bool:
+    """try_requeue as a yes/no, the reason logged when no."""
+    outcome, why = try_requeue(job_id, scontrol, timeout)
+    if outcome != "requeued":
+        log.warning("job %s not requeued: %s", job_id, why)
+    return outcome == "requeued"
+
+
+def stop_outcome(reason: str, requeue: bool, max_requeues: int,
+                 environ: Mapping[str, str],
+                 attempt: Callable[[str], tuple[str, str]] = try_requeue) -> tuple[str, int]:
+    """After a stop at a checkpoint: (note for the log line, exit status); rank 0 only.
+
+    A preempted run under Slurm requeues its job (`attempt`) unless preempt.requeue
+    is off or the job was requeued max_requeues times already (a crash loop). It
+    exits 0 only when requeued; EXIT_REQUEUE when a requeue is wanted but failed
+    here, so the batch script makes it; EXIT_STOPPED otherwise. Outside Slurm, and
+    for run.stop_at_step, there is nothing to requeue: exit 0, run again to resume.
+    """
+    job = requeue_target(environ)
+    if reason != "preempted" or job is None:
+        return "", 0
+    if not requeue:
+        return f", job {job} not requeued (preempt.requeue=false)", EXIT_STOPPED
+    restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    if restarts >= max_requeues:
+        return (f", job {job} not requeued: requeued {restarts} time(s) already, "
+                f"preempt.max_requeues={max_requeues}"), EXIT_STOPPED
+    outcome, why = attempt(job)
+    if outcome == "requeued":
+        return f", requeued job {job}", 0
+    if outcome == "refused":
+        return f", job {job} not requeued: {why}", EXIT_STOPPED
+    return (f", job {job} not requeued here ({why}); exit {EXIT_REQUEUE} asks the batch "
+            "script to requeue it"), EXIT_REQUEUE
+
+
+def after_stop(reason: str, root: bool, requeue: bool, max_requeues: int,
+               environ: Mapping[str, str],
+               share: Callable[[tuple[str, int] | None], tuple[str, int]]) -> tuple[str, int]:
+    """Collective: rank 0's stop_outcome on every rank (`share` broadcasts from rank 0).
+
+    Every rank exits with the same status, so srun reports that status, not a kill.
+    """
+    return share(stop_outcome(reason, requeue, max_requeues, environ) if root else None)

@@ -7,8 +7,9 @@ request raises `RenderError` before a line is produced, so a broken request
 never becomes a broken script. The `#SBATCH` lines come in a fixed order with
 every value shell-quoted, which keeps golden-file tests readable.
 
-`slurm/train.sbatch` is `render()` with the defaults (a unit test keeps the two
-equal); its launch section adapts to whatever `sbatch` options it is given.
+`slurm/train.sbatch` is `render()` with the defaults and `slurm/prep.sbatch` is
+`render_prep()`, the two sharing one prologue (unit tests keep the files equal to
+the renderings); the launch section adapts to whatever `sbatch` options it is given.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpcdp.cliargs import parse_args
+from hpcdp.config import PreemptConfig
 from hpcdp.hvd_settings import RECOMMENDED
+from hpcdp.preempt import EXIT_REQUEUE
 
-# Signals hpcdp.preempt turns into checkpoint-and-requeue (its default preempt.signals).
-SIGNALS = ("USR1", "TERM")
+# Signals the time-limit warning may be: USR1 or USR2 (libraries such as NCCL use
+# USR1 themselves), or TERM. The one chosen goes to the ranks' preempt.signals too.
+SIGNALS = ("USR1", "USR2", "TERM")
 # Slurm stores the signal lead time in 16 bits.
 MAX_SIGNAL_LEAD = 65535
 # sbatch options render() manages itself; extra options may not repeat them.
@@ -43,6 +47,7 @@ _TIME = re.compile(
     r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)\Z",
     re.ASCII,  # \d is 0-9 only, and \Z refuses a trailing newline that $ would let through
 )
+_PLUGIN = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*=")
 _OPTION = re.compile(r"^--(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)
@@ -88,6 +93,16 @@ def _text(name: str, value: object) -> str:
     return value
 
 
+def _sbatch_value(name: str, value: object) -> str:
+    """A value for an #SBATCH line: one line, no backslash (sbatch reads `\\` as an
+    escape even inside quotes, so the job would get another value than the one shown)."""
+    text = _text(name, value)
+    if "\\" in text:
+        raise RenderError(f"{name} {text!r} contains a backslash, which sbatch would "
+                          "read as an escape; leave it out")
+    return text
+
+
 def _lines(name: str, values: object) -> list[str]:
     if isinstance(values, str) or not isinstance(values, Sequence):
         raise RenderError(f"{name} must be a list of strings, got {values!r}")
@@ -96,7 +111,7 @@ def _lines(name: str, values: object) -> list[str]:
 
 def _sbatch_option(index: int, option: str) -> str:
     """One extra `--name[=value]` option as an #SBATCH line, its value quoted."""
-    text = _text(f"sbatch_options[{index}]", option)
+    text = _sbatch_value(f"sbatch_options[{index}]", option)
     m = _OPTION.match(text)
     if m is None:
         raise RenderError(
@@ -114,14 +129,27 @@ def _sbatch_option(index: int, option: str) -> str:
 HEADER = """\
 # hpcdp training job. Arguments after the script name go to `python -m hpcdp.train`:
 #   sbatch [sbatch options] THIS_SCRIPT --config FILE key.sub=value ...
-# One rank per GPU (per task on CPU-only nodes), launched with srun --mpi=pmix.
-# Environment (all optional): HPCDP_VENV (venv to activate), HPCDP_SETUP (file to
-# source first: module loads, exports), HPCDP_PYTHON (interpreter, default python3),
-# HPCDP_SRUN_MPI (default pmix), HPCDP_SRUN_ARGS (extra srun options). NCCL, HDF5,
-# Horovod and thread settings below are defaults: exported values win.
+# One rank per GPU (per task on CPU-only nodes or with --gpus-per-task), launched with
+# srun and the site's MPI plugin. Environment (all optional): HPCDP_VENV (venv to
+# activate), HPCDP_SETUP (file to source first: module loads, exports), HPCDP_PYTHON
+# (interpreter, default python3), HPCDP_SRUN_MPI (srun --mpi plugin; default: the
+# site's MpiDefault), HPCDP_SRUN_ARGS (extra srun options). NCCL, HDF5 and Horovod
+# settings below are defaults: exported values win.
 """
 
-LAUNCH = r"""
+PREP_HEADER = """\
+# hpcdp dataset preparation: every task writes its slab of the same HDF5 files
+# through parallel HDF5 (MPI-IO), launched with srun and the site's MPI plugin.
+#   sbatch --ntasks=4 slurm/prep.sbatch digits --out data/digits        # hpcdp prep ...
+#   sbatch --ntasks=4 slurm/prep.sbatch datasets/digits.py --out data/digits
+# A first argument ending in .py is a recipe script run on every rank; anything
+# else is handed to `hpcdp prep`. Environment (optional): HPCDP_VENV (venv to
+# activate), HPCDP_SETUP (file to source first: module loads, exports),
+# HPCDP_PYTHON (default python3), HPCDP_SRUN_MPI (default: the site's MpiDefault).
+"""
+
+# The part both scripts share: environment, export to the job steps, MPI plugin.
+PROLOGUE = r"""
 # ---- launch: the same for every allocation -------------------------------------------
 log() { echo "[hpcdp.sbatch $(date -u +%H:%M:%S)] $*"; }
 if [[ -n "${HPCDP_SETUP:-}" ]]; then
@@ -134,99 +162,168 @@ if [[ -n "${HPCDP_VENV:-}" ]]; then
   source "$HPCDP_VENV/bin/activate"
 fi
 python="${HPCDP_PYTHON:-python3}"
+# Job steps inherit sbatch's --export (NONE, or names without ALL) unless told
+# otherwise; they get this shell's environment instead: the venv, the exports here.
+export SLURM_EXPORT_ENV=ALL
+# srun's MPI plugin: the site's MpiDefault unless HPCDP_SRUN_MPI names one
+# (`srun --mpi=list` lists them; `hpcdp doctor` says which fits the MPI library).
+mpi=()
+[[ -z "${HPCDP_SRUN_MPI:-}" ]] || mpi=(--mpi="$HPCDP_SRUN_MPI")
+# No file locking: parallel HDF5 on Lustre/GPFS/NFS often has none, and the ranks
+# coordinate through MPI.
+export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
+export PYTHONUNBUFFERED=1
+"""
 
-# Layout: one rank per GPU when the job has GPUs, else the job's tasks.
+TRAIN = r"""
+# Layout. With GPUs per task (--gpus-per-task, --ntasks-per-gpu): the job's tasks,
+# Slurm gives each its GPU(s). Other GPU jobs: one rank per GPU of each node, which
+# needs the same GPU count on every node. Without GPUs: the job's tasks.
 nodes="${SLURM_JOB_NUM_NODES:-1}"
 # SLURM_GPUS_ON_NODE (Slurm >= 20.11), else --gpus-per-node's value ("4" or "a100:4").
 gpus="${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE##*:}}"
 gpus="${gpus:-0}"
-cpus_on_node="${SLURM_CPUS_ON_NODE:-1}"
-if (( gpus > 0 )); then
+# Slurm's per-node lists, one value per node: "2(x3),1" -> "2 2 2 1".
+per_node() {
+  local item i items out=()
+  IFS=, read -ra items <<< "$1"
+  for item in "${items[@]}"; do
+    if [[ "$item" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+      for (( i = 0; i < BASH_REMATCH[2]; i++ )); do out+=("${BASH_REMATCH[1]}"); done
+    else
+      out+=("$item")
+    fi
+  done
+  echo "${out[*]}"
+}
+if [[ -n "${SLURM_GPUS_PER_TASK:-}${SLURM_NTASKS_PER_GPU:-}" ]]; then
+  ntasks="${SLURM_NTASKS:-$nodes}"
+  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
+  layout=(--ntasks="$ntasks")
+elif (( gpus > 0 )); then
   if [[ -n "${SLURM_NTASKS_PER_NODE:-}" && "$SLURM_NTASKS_PER_NODE" != "$gpus" ]]; then
     log "error: one rank per GPU, but --ntasks-per-node=$SLURM_NTASKS_PER_NODE" \
         "differs from the $gpus GPUs per node"
     exit 2
   fi
-  tasks_per_node=$gpus
+  if (( nodes > 1 )) && [[ -n "${SLURM_GPUS:-}" && -z "${SLURM_GPUS_PER_NODE:-}" ]]; then
+    log "error: --gpus=$SLURM_GPUS over $nodes nodes may give the nodes different GPU" \
+        "counts, and one rank per GPU needs the same count on each: ask for" \
+        "--gpus-per-node, or --gpus-per-task with --ntasks"
+    exit 2
+  fi
   ntasks=$(( nodes * gpus ))
+  tasks_on=()
+  for (( i = 0; i < nodes; i++ )); do tasks_on+=("$gpus"); done
   layout=(--ntasks="$ntasks" --ntasks-per-node="$gpus")
 else
   ntasks="${SLURM_NTASKS:-$(( nodes * ${SLURM_NTASKS_PER_NODE:-1} ))}"
-  tasks_per_node=$(( (ntasks + nodes - 1) / nodes ))
+  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
   layout=(--ntasks="$ntasks")
 fi
 
-# CPUs and threads per rank, consistently: srun (Slurm >= 22.05 reads
-# SRUN_CPUS_PER_TASK), OpenMP and the math libraries all get the same count.
-if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
-  cpus_per_task=$SLURM_CPUS_PER_TASK
-else
-  cpus_per_task=$(( cpus_on_node / tasks_per_node ))
+# CPUs per rank: --cpus-per-task if given, else the fewest that any node can give each
+# of its ranks (Slurm's per-node counts). srun needs the number: Slurm >= 22.05 reads
+# SRUN_CPUS_PER_TASK and no longer passes sbatch's --cpus-per-task on.
+read -ra cpus_on <<< "$(per_node "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")"
+cpus_per_task="${SLURM_CPUS_PER_TASK:-}"
+if [[ -z "$cpus_per_task" ]]; then
+  for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
+    share=$(( ${cpus_on[i]:-${cpus_on[0]}} / (tasks_on[i] > 0 ? tasks_on[i] : 1) ))
+    if [[ -z "$cpus_per_task" ]] || (( share < cpus_per_task )); then cpus_per_task=$share; fi
+  done
   (( cpus_per_task >= 1 )) || cpus_per_task=1
 fi
 overcommit=()
-if (( cpus_per_task * tasks_per_node > cpus_on_node )); then
-  log "warning: $cpus_on_node CPUs per node for $tasks_per_node ranks, so ranks share CPUs;" \
-      "ask for --cpus-per-gpu, --cpus-per-task or --exclusive"
-  overcommit=(--overcommit)
-  export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
-fi
+for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
+  if (( ${cpus_on[i]:-${cpus_on[0]}} < tasks_on[i] * cpus_per_task )); then
+    log "warning: ${cpus_on[i]:-${cpus_on[0]}} CPUs on node $i for ${tasks_on[i]} ranks," \
+        "so ranks share CPUs; ask for --cpus-per-gpu, --cpus-per-task or --exclusive"
+    overcommit=(--overcommit)
+    export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
+    break
+  fi
+done
 export SRUN_CPUS_PER_TASK=$cpus_per_task
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$cpus_per_task}"
-export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$OMP_NUM_THREADS}"
+# Threads per rank and each rank's GPU are chosen by hpcdp itself, from what the rank
+# was given (its CPU affinity; the GPUs it sees). An exported OMP_NUM_THREADS wins.
 
 # Defaults the user can override by exporting them before sbatch.
-export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
 export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 @HOROVOD_ENV@
-export PYTHONUNBUFFERED=1
-
-# Each rank keeps exactly one GPU of its node: the one at its local rank.
-export HPCDP_BIND_GPU=$(( gpus > 0 ? 1 : 0 ))
-bind='if [[ "$HPCDP_BIND_GPU" == 1 ]]; then
-  IFS=, read -ra node_gpus <<< "${CUDA_VISIBLE_DEVICES:-}"
-  if (( SLURM_LOCALID >= ${#node_gpus[@]} )); then
-    echo "hpcdp: local rank $SLURM_LOCALID on $SLURMD_NODENAME has no GPU" \
-         "(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-})" >&2
-    exit 3
-  fi
-  export CUDA_VISIBLE_DEVICES="${node_gpus[$SLURM_LOCALID]}"
-fi
-exec "$@"'
 
 read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
-srun_args=(--mpi="${HPCDP_SRUN_MPI:-pmix}" "${layout[@]}" --cpus-per-task="$cpus_per_task"
-           "${overcommit[@]}" --kill-on-bad-exit=1 "${srun_extra[@]}")
-command=("$python" -m hpcdp.train "${train_args[@]}" "$@")
+srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
+           --kill-on-bad-exit=1 "${srun_extra[@]}")
+command=("$python" -m hpcdp.train "${train_args[@]}" "$@" "${signal_args[@]}")
 log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}:" \
-    "$ntasks ranks, $nodes node(s), $gpus GPU(s)/node, $cpus_per_task CPU(s)/rank"
+    "$ntasks ranks, $nodes node(s), $gpus GPU(s)/node, $cpus_per_task CPU(s)/rank," \
+    "MPI plugin ${HPCDP_SRUN_MPI:-of the site}"
 log "srun ${srun_args[*]} ${command[*]}"
 
 # srun runs in the background so this shell can pass signals on and outlive the
 # ranks: a batch shell that died early would end the job while rank 0 is still
 # writing its checkpoint. Slurm sends TERM (time limit, scancel, requeue) to the
 # ranks itself, and srun turns a TERM of its own into a kill, so TERM is only logged.
-srun "${srun_args[@]}" bash -c "$bind" hpcdp-rank "${command[@]}" &
-srun_pid=$!
+# The traps come first: a signal that came before them would end this shell.
+srun_pid=
 trap 'log "batch shell got TERM; the ranks get it from Slurm"' TERM
-trap 'log "batch shell got USR1; passing it to the ranks"; kill -USR1 "$srun_pid"' USR1
-trap 'log "batch shell got USR2; passing it to the ranks"; kill -USR2 "$srun_pid"' USR2
-status=0
-while true; do
-  wait "$srun_pid" && status=0 || status=$?
-  kill -0 "$srun_pid" 2>/dev/null || break  # still running: the wait was cut short by a signal
-done
+trap 'log "batch shell got USR1; passing it to the ranks"; pass USR1' USR1
+trap 'log "batch shell got USR2; passing it to the ranks"; pass USR2' USR2
+pass() { [[ -z "$srun_pid" ]] || kill -"$1" "$srun_pid" 2>/dev/null || true; }
+srun "${srun_args[@]}" "${command[@]}" &
+srun_pid=$!
+# Poll, not `wait`: a signal that cuts `wait` short just as srun ends loses srun's
+# status in bash (wait then says 143, or -1). Traps run between the short sleeps.
+while kill -0 "$srun_pid" 2>/dev/null; do sleep 0.5 || true; done
+wait "$srun_pid" && status=0 || status=$?
 log "ranks finished with exit status $status"
+
+# @EXIT_REQUEUE@: the ranks stopped at a checkpoint and want a requeue they could not
+# make (no scontrol inside a container, say). Requeue this job (this array task alone)
+# unless its user is cancelling it; else fail: the training is unfinished.
+if (( status == @EXIT_REQUEUE@ )); then
+  job="${SLURM_JOB_ID:-?}"
+  [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  shown="$(scontrol show job -o "$job" 2>&1)" || shown=""
+  if [[ "$shown" =~ JobState=(COMPLETING|CANCELLED) && ! "$shown" =~ Reason=(TimeLimit|Preempted) ]]
+  then
+    log "job $job is being cancelled: not requeued, the training is unfinished"
+  elif scontrol requeue "$job"; then
+    log "requeued job $job from the batch shell"
+    status=0
+  else
+    log "error: scontrol requeue $job failed: the training is unfinished"
+  fi
+fi
 exit "$status"
+"""
+
+PREP = r"""
+if (( $# == 0 )); then
+  log "error: say what to prepare, e.g. 'digits --out data/digits'" \
+      "or 'datasets/digits.py --out DIR'"
+  exit 2
+fi
+if [[ "$1" == *.py ]]; then
+  [[ -f "$1" ]] || { log "error: recipe $1 not found (relative to $PWD)"; exit 2; }
+  command=("$python" "$@")
+else
+  command=("$python" -m hpcdp prep "$@")
+fi
+# One thread per rank: the work is I/O and copying.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+ntasks="${SLURM_NTASKS:-1}"
+log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-?}: $ntasks ranks: ${command[*]}"
+exec srun "${mpi[@]}" --ntasks="$ntasks" --kill-on-bad-exit=1 "${command[@]}"
 """
 # Horovod's cycle time as hvd_settings measured it (one source for the launcher,
 # the benchmarks and the batch scripts); a user's export wins. The fusion
 # threshold is chosen by each rank at hvd.init(), when its device is known.
-LAUNCH = LAUNCH.replace("@HOROVOD_ENV@", "\n".join(
+TRAIN = TRAIN.replace("@HOROVOD_ENV@", "\n".join(
     f'export {name}="${{{name}:-{RECOMMENDED[name]}}}"'
-    for name in ("HOROVOD_CYCLE_TIME",)))
-
+    for name in ("HOROVOD_CYCLE_TIME",))).replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
 
 def render(
     *,
@@ -249,6 +346,7 @@ def render(
     setup: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     venv: str | None = None,
+    srun_mpi: str | None = None,
     config: str | None = None,
     overrides: Sequence[str] = (),
 ) -> str:
@@ -258,8 +356,10 @@ def render(
     else 1), cpus_per_task, time (Slurm format), partition, account, qos,
     constraint, exclusive: the allocation. signal and signal_lead (seconds
     before the time limit) ask Slurm to warn the ranks so they can checkpoint
-    and requeue. sbatch_options: further `--name=value` options. modules (to
-    `module load`), setup (shell lines), env (exports), venv: the environment.
+    and requeue; a signal the training does not catch by default is added to
+    its preempt.signals. sbatch_options: further `--name=value` options. modules
+    (to `module load`), setup (shell lines), env (exports), venv: the
+    environment. srun_mpi: srun's --mpi plugin (default: the site's MpiDefault).
     config and overrides (`key.sub=value`): the training run; arguments given
     to sbatch after the script are appended to them.
     """
@@ -290,7 +390,7 @@ def render(
         raise RenderError(f"exclusive must be true or false, got {exclusive!r}")
 
     sb = [
-        f"--job-name={_q(_text('job_name', job_name))}",
+        f"--job-name={_q(_sbatch_value('job_name', job_name))}",
         f"--nodes={nodes}",
     ]
     # Left out by default, so that `sbatch --ntasks=N` or `--gpus-per-node=G` decide.
@@ -306,12 +406,12 @@ def render(
     for name, value in (("partition", partition), ("account", account), ("qos", qos),
                         ("constraint", constraint)):
         if value is not None:
-            sb.append(f"--{name}={_q(_text(name, value))}")
+            sb.append(f"--{name}={_q(_sbatch_value(name, value))}")
     sb += [
         f"--signal={signal}@{signal_lead}",
         "--requeue",
         "--open-mode=append",
-        f"--output={_q(_text('output', output))}",
+        f"--output={_q(_sbatch_value('output', output))}",
     ]
     lines = ["#!/bin/bash", HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb)]
     lines += [_sbatch_option(i, o) for i, o in enumerate(_lines("sbatch_options", sbatch_options))]
@@ -329,6 +429,14 @@ def render(
             body.append(f"export {name}={_q(_text(f'env[{name}]', value))}")
     if venv is not None:
         body.append(f"export HPCDP_VENV={_q(_text('venv', venv))}")
+    if srun_mpi is not None:
+        if not isinstance(srun_mpi, str) or not _PLUGIN.match(srun_mpi):
+            raise RenderError(f"srun_mpi {srun_mpi!r} is not an MPI plugin name like pmix "
+                              "(see `srun --mpi=list`)")
+        body.append(f"export HPCDP_SRUN_MPI={srun_mpi}")
+    if signal not in PreemptConfig().signals:
+        # After the sbatch arguments, so that none of them is taken for an option value.
+        body.append(_q(f'preempt.signals=["{signal}","TERM"]').join(("signal_args=(", ")")))
     args: list[str] = []
     if config is not None:
         args += ["--config", _text("config", config)]
@@ -337,7 +445,16 @@ def render(
             raise RenderError(f"overrides[{i}] {item!r} is not of the form key.sub=value")
         args.append(item)
     body.append("train_args=(" + " ".join(_q(a) for a in args) + ")")
-    return "\n".join(lines + body) + "\n" + LAUNCH
+    return "\n".join(lines + body) + "\n" + PROLOGUE + TRAIN
+
+
+def render_prep() -> str:
+    """slurm/prep.sbatch: the dataset preparation job, with the training's prologue."""
+    sb = ["--job-name=hpcdp-prep", "--nodes=1", "--time=00:30:00", "--open-mode=append",
+          "--output=%x-%j.out"]
+    lines = ["#!/bin/bash", PREP_HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb),
+             "set -eo pipefail"]
+    return "\n".join(lines) + "\n" + PROLOGUE + PREP
 
 
 def option_names() -> list[str]:
@@ -391,6 +508,7 @@ HELP = {
     "setup": "shell line run before training (e.g. export X=1)",
     "env": "variable to export",
     "venv": "virtual environment to activate",
+    "srun_mpi": "srun --mpi plugin (default: the site's MpiDefault; see srun --mpi=list)",
     "config": "training config file (TOML)",
 }
 

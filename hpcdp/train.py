@@ -288,7 +288,7 @@ def train(cfg: Config) -> int:
 
     from hpcdp import dist
     from hpcdp.metrics import Reporter, StepTimes, setup_logging
-    from hpcdp.preempt import Preemption, requeue_job
+    from hpcdp.preempt import Preemption, after_stop
 
     run_dir = cfg.run_dir
     # Handlers first: a signal that arrives during start-up must not kill the rank.
@@ -470,14 +470,12 @@ def train(cfg: Config) -> int:
             trace.close()
         final = ckpt.step_path(cfg.checkpoint_dir, step)
         if stop_reason:
-            job = os.environ.get("SLURM_JOB_ID")
-            requeued = ""
-            if root and stop_reason == "preempted" and job and cfg.preempt.requeue:
-                requeued = (f", requeued job {job}" if requeue_job(job)
-                            else f", job {job} not requeued (see the warning above)")
-            rep.info(f"{stop_reason} at step {step}: checkpoint written to {final}{requeued}")
+            note, code = after_stop(stop_reason, root, cfg.preempt.requeue,
+                                    cfg.preempt.max_requeues, os.environ,
+                                    lambda v: hvd.broadcast_object(v, 0, name="hpcdp.stop"))
+            rep.info(f"{stop_reason} at step {step}: checkpoint written to {final}{note}")
             rep.close()
-            return 0  # readers stay open: see exit_after_horovod
+            return code  # readers stay open: see exit_after_horovod
         if not last_val:  # e.g. max_steps ended mid-epoch, or a finished run resumed
             last_val = evaluate(model, val_reader, cfg, device, hvd)
             rep.record("val", step, {"epoch": epoch, **last_val})

@@ -73,7 +73,8 @@ def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
         # cred_expire also sets how long a requeued job waits before it may start again
         # (default 120 s): short, so that the preemption tests stay quick.
         f"AuthInfo=socket={root / 'munge' / 'munge.socket'},cred_expire=5",
-        "MpiDefault=none",
+        # As a real site would: the batch scripts pass no --mpi unless told to.
+        "MpiDefault=pmix",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",

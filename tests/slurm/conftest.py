@@ -146,6 +146,9 @@ class Cluster:
         env["SLURM_CONF"] = self.env["SLURM_CONF"]
         env["HPCDP_VENV"] = str(VENV)
         env.pop("VIRTUAL_ENV", None)
+        # The test nodes share two cores, and every rank sees both (no CPU binding):
+        # one thread per rank keeps the jobs quick on a loaded machine.
+        env.setdefault("OMP_NUM_THREADS", "1")
         if extra:
             env.update(extra)
         return env

@@ -33,7 +33,7 @@ CONFIG = REPO / "hpcdp" / "configs" / "digits.toml"
 Cluster = Any  # tests/slurm/conftest.py's Cluster, reached through the fixture
 Job = Any
 # Long enough that a signal sent after step 10 lands well before the end.
-STEPS = 100
+STEPS = 40
 
 
 def train_args(run_dir: Path, data: Path, steps: int = STEPS, *extra: str) -> list[str]:
@@ -130,7 +130,9 @@ def test_submit_one_node_two_gpus(slurm_cluster: Cluster, data: Path, tmp_path: 
     job.wait(timeout=240)
     ranks = sorted(job.rank_lines(), key=lambda r: r["rank"])
     assert [r["local_rank"] for r in ranks] == [0, 1], job.describe()
-    assert sorted(r["cuda_visible_devices"] for r in ranks) == ["0", "1"], job.describe()
+    # Both see the node's two GPUs; each takes its own (hpcdp.placement.choose_gpu).
+    assert [r["cuda_visible_devices"] for r in ranks] == ["0,1", "0,1"], job.describe()
+    assert [r["gpu"] for r in ranks] == ["0", "1"], job.describe()
     assert len({r["slurm_node"] for r in ranks}) == 1
 
 

@@ -90,10 +90,13 @@ OUT_OF_RANGE: dict[str, st.SearchStrategy[typing.Any]] = {
     **{k: st.integers(max_value=-1) for k in (
         "run.max_steps", "run.stop_at_step", "data.global_batch_size", "data.val_batch_size",
         "data.window_samples", "data.virtual_shards", "data.prefetch", "model.width",
-        "checkpoint.every_steps")},
+        "checkpoint.every_steps", "preempt.max_requeues")},
     "run.seed": st.one_of(st.integers(max_value=-1), st.integers(2**63, 2**70)),
     **{k: st.floats(max_value=-1e-300, allow_infinity=False) for k in (
-        "schedule.warmup_epochs", "optim.weight_decay", "run.step_timeout_s", "optim.momentum")},
+        "schedule.warmup_epochs", "optim.weight_decay", "optim.momentum")},
+    **{k: st.floats(max_value=0.0, allow_infinity=False) for k in ("run.stall_floor_s",)},
+    **{k: st.floats(max_value=1.0 - 1e-9, allow_infinity=False) for k in (
+        "run.stall_multiple", "run.stall_warmup_factor")},
     **{k: st.floats(max_value=0.0, allow_infinity=False) for k in (
         "optim.lr", "data.scale", "data.std", "horovod.gradient_predivide_factor",
         "schedule.gamma")},

@@ -42,6 +42,7 @@ CASES: dict[str, dict[str, Any]] = {
         "setup": ("export NCCL_DEBUG=WARN", "source $HOME/site-env.sh"),
         "env": {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "HPCDP_NOTE": "a b; $(not run)"},
         "venv": "/proj/env with space/.venv",
+        "srun_mpi": "pmix_v4",
         "config": "configs/resnet.toml",
         "overrides": ("data.path=/scratch/data sets/cifar", "optim.lr=0.4"),
     },
@@ -80,6 +81,31 @@ def test_golden(name: str) -> None:
 
 def test_train_template_is_the_default_rendering() -> None:
     check_golden(REPO / "slurm" / "train.sbatch", render())
+
+
+def test_prep_script_is_rendered_from_the_same_prologue() -> None:
+    check_golden(REPO / "slurm" / "prep.sbatch", slurm.render_prep())
+    # One source for the part both scripts share: environment, export, MPI plugin.
+    assert slurm.PROLOGUE in slurm.render_prep() and slurm.PROLOGUE in render()
+    assert "SLURM_EXPORT_ENV=ALL" in slurm.PROLOGUE
+
+
+def test_usr2_is_the_warning_signal_and_the_trainings() -> None:
+    """USR1 is also used by libraries (NCCL): USR2, chosen once, reaches the config too."""
+    text = render(signal="USR2")
+    assert "#SBATCH --signal=USR2@300" in _sbatch_lines(text)
+    assert """signal_args=('preempt.signals=["USR2","TERM"]')""" in text
+    from hpcdp import config
+
+    cfg = config.build(None, ["data.path=d", 'preempt.signals=["USR2","TERM"]'])
+    assert cfg.preempt.signals == ["USR2", "TERM"]
+    # USR1 and TERM are caught by default: no override then.
+    assert "signal_args=" not in render() and "signal_args=" not in render(signal="TERM")
+
+
+def test_srun_mpi_is_the_sites_unless_named() -> None:
+    assert "HPCDP_SRUN_MPI=" not in render()
+    assert "export HPCDP_SRUN_MPI=cray_shasta" in render(srun_mpi="cray_shasta")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
@@ -150,6 +176,10 @@ def test_gpus_imply_one_task_per_gpu() -> None:
         ({"overrides": ("lr 0.1",)}, "is not of the form key.sub=value"),
         ({"setup": ("module load a\nrm -rf x",)}, "setup[0] must be one line"),
         ({"exclusive": "yes"}, "exclusive must be true or false"),
+        ({"partition": "gpu\\n"}, "contains a backslash"),
+        ({"job_name": "a\\b"}, "contains a backslash"),
+        ({"sbatch_options": ("--comment=x\\y",)}, "contains a backslash"),
+        ({"srun_mpi": "pmix --x"}, "is not an MPI plugin name"),
     ],
 )
 def test_invalid_requests_are_refused(options: dict[str, Any], message: str) -> None:
@@ -185,7 +215,8 @@ def test_cli_options_come_from_the_signature(capsys: pytest.CaptureFixture[str])
             "--modules", "gcc/12", "--modules", "openmpi/4.1.5", "--modules", "cuda/12.2",
             "--setup", "export NCCL_DEBUG=WARN", "--setup", "source $HOME/site-env.sh",
             "--env", "NCCL_IB_HCA=mlx5_0,mlx5_1", "--env", "HPCDP_NOTE=a b; $(not run)",
-            "--venv", "/proj/env with space/.venv", "--config", "configs/resnet.toml",
+            "--venv", "/proj/env with space/.venv", "--srun-mpi", "pmix_v4",
+            "--config", "configs/resnet.toml",
             "data.path=/scratch/data sets/cifar", "optim.lr=0.4"]
     assert slurm.main(argv) == 0
     assert capsys.readouterr().out == render(**CASES["gpu_multi_node"])
