@@ -14,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import random
 import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 MAGIC = b"HPCDP-CHECKPOINT 1\n"
@@ -71,6 +73,16 @@ def decode(data: bytes, name: str) -> dict[str, Any]:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over, fsync the folder."""
+    replace_atomic(path, data)
+    sync_folder(path.parent)
+
+
+def replace_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, fsync, rename over: `path` is whole or not there.
+
+    A failure here means `path` was not written (an older file of that name is
+    intact); anything that fails after it (the folder's fsync, pruning) does not.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -82,7 +94,11 @@ def write_atomic(path: Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a crash of the machine."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -134,6 +150,26 @@ def find_latest(folder: Path) -> Found | None:
     return None
 
 
+def is_corrupt(path: Path) -> bool:
+    """Whether the file's bytes fail the format's checks (not: whether it can be read)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    try:
+        verify(data, str(path))
+    except CheckpointError:
+        return True
+    return False
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a bad checkpoint to `<name>.corrupt`: kept for inspection, no longer listed."""
+    target = path.with_name(path.name + ".corrupt")
+    os.replace(path, target)
+    return target
+
+
 def prune(folder: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoint files; return what was removed."""
     removed = []
@@ -176,3 +212,23 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: 
                 f"{name} does not fit model {model_name!r}: {key} has shape "
                 f"{tuple(saved[key].shape)} there, {tuple(tensor.shape)} here"
             )
+
+
+def rng_state() -> dict[str, Any]:
+    """This rank's random generators, in a form any process can restore."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

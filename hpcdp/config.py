@@ -12,6 +12,7 @@ import difflib
 import json
 import sys
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,28 +50,41 @@ class DataConfig:
     path: str = ""  # folder holding train_file and val_file
     train_file: str = "train.h5"
     val_file: str = "val.h5"
-    x_name: str = "x"
-    y_name: str = "y"
     batch_size: int = 32  # per rank
     global_batch_size: int = 0  # if set: per-rank batch = this / ranks (must divide)
     val_batch_size: int = 0  # per rank; 0: same as the training batch
     window_samples: int = 0  # shuffle window; 0: the reader's default
     virtual_shards: int = 0  # 0: the reader's default
     prefetch: int = 2
-    scale: float = 255.0  # integer inputs are divided by this
-    mean: float = 0.0
-    std: float = 1.0
+
+
+@dataclass
+class TaskConfig:
+    """The workload: what is read, the model family, the loss and the metrics (hpcdp.tasks)."""
+
+    name: str = "image"  # image (classification)
 
 
 @dataclass
 class ModelConfig:
-    """Which network, and its shape options."""
+    """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # digits_cnn | resnet18 | resnet50
+    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50
+    sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
+
+
+@dataclass
+class ImageConfig:
+    """The image classification task: its datasets, input scaling and model shape."""
+
+    x_name: str = "x"  # the images' dataset in each HDF5 file
+    y_name: str = "y"  # the integer class labels' dataset
+    scale: float = 255.0  # integer inputs are divided by this
+    mean: float = 0.0
+    std: float = 1.0
     num_classes: int = 10
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
-    sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
 
 
 @dataclass
@@ -156,8 +170,10 @@ class Config:
     """The whole training configuration."""
 
     run: RunConfig = field(default_factory=RunConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
@@ -187,6 +203,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "horovod.op": ("average", "adasum"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
+#: Tasks hpcdp knows (each a module hpcdp.tasks.<name>); checked here without importing them.
+TASK_NAMES = ("image",)
+
+#: Keys that moved to a task's own section: an old config gets an error naming the new key.
+MOVED: dict[str, str] = {
+    **{f"data.{k}": f"image.{k}" for k in ("x_name", "y_name", "scale", "mean", "std")},
+    **{f"model.{k}": f"image.{k}" for k in ("num_classes", "width", "cifar_stem")},
+}
 
 
 def _section_types(cls: type) -> dict[str, Any]:
@@ -241,6 +265,10 @@ def apply_mapping(cfg: Config, data: dict[str, Any], where: str) -> None:
         obj = getattr(cfg, sec)
         types = _section_types(type(obj))
         for key, value in values.items():
+            if f"{sec}.{key}" in MOVED:
+                new = MOVED[f"{sec}.{key}"]
+                raise ConfigError(f"{sec}.{key} {where} has moved to {new} (the task's own "
+                                  f"section): write [{new.split('.')[0]}] {key} = ... instead")
             if key not in types:
                 raise _unknown("key", f"{sec}.{key}", [f"{sec}.{k}" for k in types], where)
             setattr(obj, key, coerce(f"{sec}.{key}", value, types[key]))
@@ -279,20 +307,47 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
 
 
-def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the file, then the overrides; then the semantic checks."""
+TaskDefaults = Callable[[str], Mapping[str, Mapping[str, Any]]]
+
+
+def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+          task_defaults: TaskDefaults | None = None) -> Config:
+    """Defaults, then the task's defaults, then the file, then the overrides; then checks.
+
+    `task_defaults(name)` gives the chosen task's own defaults for any section
+    (hpcdp.tasks.defaults); the task is named by the file or an override.
+    """
     cfg = Config()
+    mapping = load_file(path) if path is not None else {}
+    parsed = [(text, *parse_override(text)) for text in overrides]
+    if task_defaults is not None:
+        name = chosen_task(mapping, parsed)
+        if name in TASK_NAMES:  # an unknown name is reported by validate()
+            apply_mapping(cfg, dict(task_defaults(name)), f"in task {name!r}'s defaults")
     if path is not None:
-        apply_mapping(cfg, load_file(path), f"in {str(path)!r}")
-    for text in overrides:
-        sec, key, value = parse_override(text)
+        apply_mapping(cfg, mapping, f"in {str(path)!r}")
+    for text, sec, key, value in parsed:
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
     validate(cfg)
     return cfg
 
 
+def chosen_task(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str, Any]]) -> str:
+    """task.name as the overrides, else the file, else the default set it."""
+    name = TaskConfig.name
+    file_task = mapping.get("task")
+    if isinstance(file_task, Mapping) and isinstance(file_task.get("name"), str):
+        name = file_task["name"]
+    for _, sec, key, value in parsed:
+        if (sec, key) == ("task", "name") and isinstance(value, str):
+            name = value
+    return name
+
+
 def validate(cfg: Config) -> None:
     """Range and choice checks that need no data, no model and no runtime."""
+    if cfg.task.name not in TASK_NAMES:
+        raise ConfigError(f"task.name={cfg.task.name!r}: choose one of {', '.join(TASK_NAMES)}")
     for key, allowed in CHOICES.items():
         sec, name = key.split(".")
         value = getattr(getattr(cfg, sec), name)
@@ -301,7 +356,7 @@ def validate(cfg: Config) -> None:
     positive = {
         "run.epochs": cfg.run.epochs,
         "data.batch_size": cfg.data.batch_size,
-        "model.num_classes": cfg.model.num_classes,
+        "image.num_classes": cfg.image.num_classes,
         "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
         "checkpoint.keep": cfg.checkpoint.keep,
         "preempt.check_every": cfg.preempt.check_every,
@@ -318,7 +373,7 @@ def validate(cfg: Config) -> None:
         "data.window_samples": cfg.data.window_samples,
         "data.virtual_shards": cfg.data.virtual_shards,
         "data.prefetch": cfg.data.prefetch,
-        "model.width": cfg.model.width,
+        "image.width": cfg.image.width,
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
@@ -331,8 +386,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.path is not set: the folder holding the training data")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr={cfg.optim.lr}: must be positive")
-    if cfg.data.scale <= 0 or cfg.data.std <= 0:
-        raise ConfigError("data.scale and data.std must be positive")
+    if cfg.image.scale <= 0 or cfg.image.std <= 0:
+        raise ConfigError("image.scale and image.std must be positive")
     if cfg.horovod.gradient_predivide_factor <= 0:
         raise ConfigError("horovod.gradient_predivide_factor must be positive")
     if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:

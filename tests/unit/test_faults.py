@@ -63,7 +63,7 @@ def test_watchdog_fires_without_beats_and_not_with_them() -> None:
 
 
 def test_uneven_steps_are_refused_before_training() -> None:
-    from hpcdp.train import uneven_steps_error
+    from hpcdp.train.setup import uneven_steps_error
 
     assert uneven_steps_error([10, 10, 10]) is None
     assert uneven_steps_error([7]) is None
