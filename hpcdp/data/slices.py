@@ -51,8 +51,10 @@ class SliceReader:
         """Batches this rank reads (ranks may differ by one)."""
         return -(-(self.stop - self.start) // self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor | None, ...]]:
+        """Batches shaped as ShardedReader's: one tensor per name, `(x, None)` for one name."""
         dsets = [self._file[n] for n in self.names]
         for a in range(self.start, self.stop, self.batch_size):
             b = min(self.stop, a + self.batch_size)
-            yield tuple(torch.from_numpy(np.ascontiguousarray(d[a:b])) for d in dsets)
+            batch = tuple(torch.from_numpy(np.ascontiguousarray(d[a:b])) for d in dsets)
+            yield batch if len(batch) > 1 else (batch[0], None)

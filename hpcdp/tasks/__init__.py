@@ -7,9 +7,9 @@ it. The training package (hpcdp.train) asks the task for:
 - `datasets(cfg)`: the HDF5 datasets each file must hold, with the dtype kinds
   allowed (checked on every rank before any collective);
 - `build_model(cfg, sample_shape)`: the network, on the CPU, no collectives;
-- `prepare(batch, cfg, device)`: a batch as the reader yields it (a tuple of
-  tensors; several fields for a multi-field task) -> (inputs, targets) on the
-  device, the input transform included;
+- `prepare(batch, cfg, device)`: a batch as the readers yield it, one tensor
+  per dataset in `datasets(cfg)` order (`(x, None)` for a task that reads one
+  dataset) -> (inputs, targets) on the device, the input transform included;
 - `loss(outputs, targets)`: the mean loss of a batch (what backward sees);
 - `measure(outputs, targets, loss)`: per metric, this batch's contribution
   (see `Metric.reduce`); `count(targets)`: the denominator of "mean" metrics;

@@ -36,3 +36,11 @@ def test_ranks_read_the_whole_file_in_short_last_batches(tmp_path: Path) -> None
             np.testing.assert_array_equal(x[:, 0].numpy(), (y.numpy() * 2) % 256)
             seen += y.tolist()
     assert sorted(seen) == list(range(99)) and batches == [7, 8]  # 49 and 50 samples
+
+
+def test_one_dataset_gives_batches_shaped_like_the_training_reader(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.arange(10 * 4).reshape(10, 4))
+    (first, none), *_ = SliceReader(path, ["tokens"], batch_size=4)
+    assert none is None and first.shape == (4, 4)
