@@ -127,6 +127,9 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     root = Path(cfg.data.path)
     train_path, val_path = root / cfg.data.train_file, root / cfg.data.val_file
     wanted = list(task.datasets(cfg))
+    if not 1 <= len(wanted) <= 2:  # the sharded reader reads samples and optional labels
+        raise ConfigError(f"task {task.name!r} reads {len(wanted)} datasets; the training "
+                          "reader reads one or two (samples, labels)")
     x_name, y_name = wanted[0].name, wanted[1].name if len(wanted) > 1 else None
     info = validate_dataset(train_path, x_name, y_name, min_samples=batch * size * accum)
     val_info = validate_dataset(val_path, x_name, y_name)
