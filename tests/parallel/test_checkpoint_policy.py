@@ -56,8 +56,8 @@ def test_corrupt_checkpoint_never_holds_a_keep_slot(ranks, data: Path, tmp_path:
     # Resumed from step 10, stopped at 15 with keep=1: step 15 is the one to keep.
     out = ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10", "checkpoint.keep=1",
                              "run.stop_at_step=15"), np=2, timeout=BOUND).output
+    assert steps_in(run) == [15]  # the corrupt step 20 did not outrank it
     assert "checksum mismatch" in out and "moved aside to step-00000020.pt.corrupt" in out
-    assert steps_in(run) == [15]
     assert (run / "checkpoints" / "step-00000020.pt.corrupt").exists()
     out = ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10"), np=2,
                 timeout=BOUND).output
