@@ -204,8 +204,16 @@ def refusal(name: str, version: int, message: str) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename over, fsync the folder.
+    """Temp file in the same folder, fsync, rename over, fsync the folder."""
+    replace_atomic(path, data)
+    sync_folder(path.parent)
 
+
+def replace_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, fsync, rename over: `path` is whole or not there.
+
+    A failure here means `path` was not written (an older file of that name is
+    intact); anything that fails after it (the folder's fsync, pruning) does not.
     Folders and the file are created with the user's umask (mode 0o777 / 0o666 less
     the umask) and never chmod-ed wider; a stale temp file is removed, not reused
     with whatever mode it had.
@@ -223,7 +231,11 @@ def write_atomic(path: Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a crash of the machine."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -364,6 +376,26 @@ def find_latest(folder: Path, trust: Trust = Trust()) -> Found | None:
     return None
 
 
+def is_corrupt(path: Path) -> bool:
+    """Whether the file's bytes fail the format's checks (not: whether it can be read)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    try:
+        verify(data, str(path))
+    except CheckpointError:
+        return True
+    return False
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a bad checkpoint to `<name>.corrupt`: kept for inspection, no longer listed."""
+    target = path.with_name(path.name + ".corrupt")
+    os.replace(path, target)
+    return target
+
+
 def prune(folder: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoint files; return what was removed."""
     removed = []
@@ -455,6 +487,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"converted {args.path} -> {out}: it now loads without running code")
     return 0
+
+
+def rng_state() -> dict[str, Any]:
+    """This rank's random generators, in a form the weights-only loader accepts."""
+    return capture_rng()
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    restore_rng(state)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ login node must not need Horovod or PyTorch to import.
 
 from __future__ import annotations
 
-import faulthandler
 import importlib
 import sys
+
+from hpcdp.crash import report_crashes
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("hpcdp.data.prep", "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
@@ -20,17 +21,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
     "checkpoint": ("hpcdp.checkpoint", "convert a checkpoint from before safe loading, once"),
 }
-
-
-def report_crashes() -> None:
-    """Print every thread's Python stack when the process dies of a fatal signal.
-
-    A rank killed by SIGSEGV or SIGBUS otherwise leaves only the launcher's "exited
-    on signal N"; with the stack, the message names where it happened (a file
-    truncated under the reader's mapping shows the reader's gather, for one).
-    """
-    if not faulthandler.is_enabled():
-        faulthandler.enable(all_threads=True)
 
 
 def usage() -> str:

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,28 +61,41 @@ class DataConfig:
     path: str = ""  # folder holding train_file and val_file
     train_file: str = "train.h5"  # inside data.path
     val_file: str = "val.h5"  # inside data.path
-    x_name: str = "x"  # the HDF5 dataset holding the inputs
-    y_name: str = "y"  # the HDF5 dataset holding the labels
     batch_size: int = 32  # per rank
     global_batch_size: int = 0  # if set: per-rank batch = this / ranks (must divide)
     val_batch_size: int = 0  # per rank; 0: same as the training batch
     window_samples: int = 0  # shuffle window; 0: the reader's default
     virtual_shards: int = 0  # 0: the reader's default
     prefetch: int = 2  # batches read ahead by the background thread
-    scale: float = 255.0  # integer inputs are divided by this
-    mean: float = 0.0  # inputs become (x - mean) / std after scaling
-    std: float = 1.0  # see data.mean
+
+
+@dataclass
+class TaskConfig:
+    """The workload: what is read, the model family, the loss and the metrics (hpcdp.tasks)."""
+
+    name: str = "image"  # image (classification)
 
 
 @dataclass
 class ModelConfig:
-    """Which network, and its shape options."""
+    """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # digits_cnn | resnet18 | resnet50
+    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50
+    sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
+
+
+@dataclass
+class ImageConfig:
+    """The image classification task: its datasets, input scaling and model shape."""
+
+    x_name: str = "x"  # the images' dataset in each HDF5 file
+    y_name: str = "y"  # the integer class labels' dataset
+    scale: float = 255.0  # integer inputs are divided by this
+    mean: float = 0.0  # inputs become (x - mean) / std after scaling
+    std: float = 1.0  # see image.mean
     num_classes: int = 10  # outputs of the classifier
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
-    sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
 
 
 @dataclass
@@ -185,8 +198,10 @@ class Config:
     """The whole training configuration."""
 
     run: RunConfig = field(default_factory=RunConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
@@ -217,7 +232,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "horovod.op": ("average", "adasum"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
-# Keys that were renamed or replaced: naming one is an error that names its successor.
+#: Tasks hpcdp knows (each a module hpcdp.tasks.<name>); checked here without importing them.
+TASK_NAMES = ("image",)
+
+#: Keys that moved to a task's own section: an old config gets an error naming the new key.
+MOVED: dict[str, str] = {
+    **{f"data.{k}": f"image.{k}" for k in ("x_name", "y_name", "scale", "mean", "std")},
+    **{f"model.{k}": f"image.{k}" for k in ("num_classes", "width", "cifar_stem")},
+}
+
+#: Keys that were renamed or replaced: naming one is an error that names its successor.
 RENAMED: dict[str, str] = {
     "optim.scale_lr": "optim.lr_scaling (linear | sqrt | none) with optim.ref_batch, the "
                       "global batch optim.lr is stated for",
@@ -281,6 +305,10 @@ def apply_mapping(cfg: Config, data: dict[str, Any], where: str) -> None:
             if f"{sec}.{key}" in RENAMED:
                 raise ConfigError(f"{sec}.{key} {where} is no longer a key: use "
                                   f"{RENAMED[f'{sec}.{key}']}")
+            if f"{sec}.{key}" in MOVED:
+                new = MOVED[f"{sec}.{key}"]
+                raise ConfigError(f"{sec}.{key} {where} has moved to {new} (the task's own "
+                                  f"section): write [{new.split('.')[0]}] {key} = ... instead")
             if key not in types:
                 raise _unknown("key", f"{sec}.{key}", [f"{sec}.{k}" for k in types], where)
             setattr(obj, key, coerce(f"{sec}.{key}", value, types[key]))
@@ -323,15 +351,28 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
 
 
-def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the file, then the overrides; then the semantic checks."""
+TaskDefaults = Callable[[str], Mapping[str, Mapping[str, Any]]]
+
+
+def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+          task_defaults: TaskDefaults | None = None) -> Config:
+    """Defaults, then the task's defaults, then the file, then the overrides; then checks.
+
+    `task_defaults(name)` gives the chosen task's own defaults for any section
+    (hpcdp.tasks.defaults); the task is named by the file or an override.
+    """
     cfg = Config()
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"--config: expected a file path, got {path!r}")  # e.g. --config=--
+    mapping = load_file(path) if path is not None else {}
+    parsed = [(text, *parse_override(text)) for text in overrides]
+    if task_defaults is not None:
+        name = chosen_task(mapping, parsed)
+        if name in TASK_NAMES:  # an unknown name is reported by validate()
+            apply_mapping(cfg, dict(task_defaults(name)), f"in task {name!r}'s defaults")
     if path is not None:
-        apply_mapping(cfg, load_file(path), f"in {str(path)!r}")
-    for text in overrides:
-        sec, key, value = parse_override(text)
+        apply_mapping(cfg, mapping, f"in {str(path)!r}")
+    for text, sec, key, value in parsed:
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
     expand_paths(cfg, os.environ)
     validate(cfg)
@@ -343,7 +384,7 @@ def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...]
 # of a job array: run.dir=runs/r_${SLURM_ARRAY_TASK_ID}.
 PATH_KEYS = ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume")
 _VAR = re.compile(r"\$\{([^}]*)\}")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def expand_vars(key: str, text: str, environ: Mapping[str, str]) -> str:
@@ -368,8 +409,22 @@ def expand_paths(cfg: Config, environ: Mapping[str, str]) -> None:
         setattr(section, name, expand_vars(key, getattr(section, name), environ))
 
 
+def chosen_task(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str, Any]]) -> str:
+    """task.name as the overrides, else the file, else the default set it."""
+    name = TaskConfig.name
+    file_task = mapping.get("task")
+    if isinstance(file_task, Mapping) and isinstance(file_task.get("name"), str):
+        name = file_task["name"]
+    for _, sec, key, value in parsed:
+        if (sec, key) == ("task", "name") and isinstance(value, str):
+            name = value
+    return name
+
+
 def validate(cfg: Config) -> None:
     """Range and choice checks that need no data, no model and no runtime."""
+    if cfg.task.name not in TASK_NAMES:
+        raise ConfigError(f"task.name={cfg.task.name!r}: choose one of {', '.join(TASK_NAMES)}")
     for key, allowed in CHOICES.items():
         sec, name = key.split(".")
         value = getattr(getattr(cfg, sec), name)
@@ -379,7 +434,7 @@ def validate(cfg: Config) -> None:
         "run.epochs": cfg.run.epochs,
         "data.batch_size": cfg.data.batch_size,
         "optim.ref_batch": cfg.optim.ref_batch,
-        "model.num_classes": cfg.model.num_classes,
+        "image.num_classes": cfg.image.num_classes,
         "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
         "checkpoint.keep": cfg.checkpoint.keep,
         "preempt.check_every": cfg.preempt.check_every,
@@ -396,7 +451,7 @@ def validate(cfg: Config) -> None:
         "data.window_samples": cfg.data.window_samples,
         "data.virtual_shards": cfg.data.virtual_shards,
         "data.prefetch": cfg.data.prefetch,
-        "model.width": cfg.model.width,
+        "image.width": cfg.image.width,
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
@@ -409,8 +464,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.path is not set: the folder holding the training data")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr={cfg.optim.lr}: must be positive")
-    if cfg.data.scale <= 0 or cfg.data.std <= 0:
-        raise ConfigError("data.scale and data.std must be positive")
+    if cfg.image.scale <= 0 or cfg.image.std <= 0:
+        raise ConfigError("image.scale and image.std must be positive")
     if cfg.horovod.gradient_predivide_factor <= 0:
         raise ConfigError("horovod.gradient_predivide_factor must be positive")
     if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:
@@ -454,7 +509,7 @@ def _validate_more(cfg: Config) -> None:
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise ConfigError(f"run.name={name!r}: must be a plain folder name (set run.dir for a "
                           "path)")
-    for key in ("data.train_file", "data.val_file", "data.x_name", "data.y_name",
+    for key in ("data.train_file", "data.val_file", "image.x_name", "image.y_name",
                 "checkpoint.resume"):
         sec, attr = key.split(".")
         if not getattr(getattr(cfg, sec), attr):

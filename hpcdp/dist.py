@@ -274,3 +274,82 @@ def abort_on_error() -> Iterator[None]:
         if size > 1:
             abort_job(1)
         raise
+
+
+# --------------------------------------------------------------------------- the collectives
+# Every Horovod collective the training package uses goes through one of these, so a
+# reader sees in one place what every rank must reach (the optimizer wrappers and the
+# gradient buckets reduce gradients themselves).
+
+
+def rank() -> int:
+    return hvd.rank()
+
+
+def size() -> int:
+    return hvd.size()
+
+
+def allgather_object(obj: Any, name: str) -> list[Any]:
+    """Collective: every rank's `obj` (picklable), in rank order."""
+    return hvd.allgather_object(obj, name=name)
+
+
+def broadcast_object(obj: Any, name: str) -> Any:
+    """Collective: rank 0's `obj` on every rank."""
+    return hvd.broadcast_object(obj, root_rank=0, name=name)
+
+
+def allgather_tensor(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Collective: every rank's rows concatenated in rank order (row counts may differ)."""
+    return hvd.allgather(t, name=name)
+
+
+def broadcast_start(model: torch.nn.Module, optimizers: Sequence[Any]) -> None:
+    """Collective: rank 0's parameters and optimizer state on every rank.
+
+    A fresh optimizer has no state to send (Horovod would fill it with a dummy
+    step first); a resumed one has it on every rank.
+    """
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for opt in optimizers:
+        if opt.state:
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+
+def sync_batchnorm_class() -> type[torch.nn.Module]:
+    """Horovod's SyncBatchNorm (statistics all-reduced in every training forward)."""
+    return hvd.SyncBatchNorm
+
+
+def distributed_optimizer(base: Any, named_parameters: Sequence[tuple[str, Any]],
+                          hc: HorovodConfig) -> Any:
+    """Horovod's DistributedOptimizer over `base`, configured from the [horovod] section."""
+    return hvd.DistributedOptimizer(
+        base,
+        named_parameters=named_parameters,
+        compression=hvd.Compression.fp16 if hc.compression == "fp16" else hvd.Compression.none,
+        backward_passes_per_step=hc.backward_passes_per_step,
+        op=hvd.Adasum if hc.op == "adasum" else hvd.Average,
+        gradient_predivide_factor=hc.gradient_predivide_factor,
+    )
+
+
+def shutdown_and_exit(code: int) -> None:
+    """Shut Horovod (and MPI) down, then leave without the interpreter's teardown.
+
+    With parallel HDF5, MPI_Finalize also terminates the HDF5 library; h5py's
+    module teardown afterwards calls into it and can crash the process at exit,
+    and so can closing the readers' files, so the read-only input files stay open
+    until HDF5's own termination. Outputs are closed and flushed by now, so
+    skipping the teardown loses nothing. Does nothing if Horovod never started.
+    """
+    import logging
+
+    if not hvd.is_initialized():
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    hvd.shutdown()
+    os._exit(code)

@@ -182,7 +182,7 @@ for precision in fp32 bf16; do
   rm -rf "$OUTDIR/$name"
   run "$name" 300 "${hvdrun[@]}" -np 1 -H localhost:1 "$PY" -m hpcdp.train "data.path=$SYN" \
     "run.dir=$OUTDIR/$name" run.device=cuda "run.precision=$precision" run.max_steps=200 run.epochs=2 \
-    model.name=resnet18 model.cifar_stem=true data.batch_size=256 optim.lr=0.1 optim.ref_batch=256 \
+    model.name=resnet18 image.cifar_stem=true data.batch_size=256 optim.lr=0.1 optim.ref_batch=256 \
     log.every_steps=50 checkpoint.every_steps=0 preempt.check_every=10
   if [ $rc -eq 0 ] && [ -f "$OUTDIR/$name/summary.json" ]; then
     pass "ResNet-18 $precision on cuda: $(field_of "$OUTDIR/$name/summary.json" samples_per_s) \
@@ -193,7 +193,7 @@ if [ "$ngpus" -ge 2 ]; then
   rm -rf "$OUTDIR/resnet18-2gpu"
   run resnet18-2gpu 300 "${hvdrun[@]}" -np 2 -H localhost:2 "$PY" -m hpcdp.train "data.path=$SYN" \
     "run.dir=$OUTDIR/resnet18-2gpu" run.device=cuda run.precision=bf16 run.max_steps=300 \
-    model.name=resnet18 model.cifar_stem=true model.sync_bn=true data.batch_size=256 optim.ref_batch=256 \
+    model.name=resnet18 image.cifar_stem=true model.sync_bn=true data.batch_size=256 optim.ref_batch=256 \
     log.every_steps=50 checkpoint.every_steps=0 preempt.check_every=10
   if [ $rc -eq 0 ]; then pass "ResNet-18 bf16 + SyncBatchNorm on 2 GPUs over NCCL: \
 $(field_of "$OUTDIR/resnet18-2gpu/summary.json" samples_per_s) samples/s"
@@ -202,7 +202,7 @@ $(field_of "$OUTDIR/resnet18-2gpu/summary.json" samples_per_s) samples/s"
   rm -rf "$OUTDIR/resnet18-2gpu-buckets"
   run resnet18-2gpu-buckets 300 "${hvdrun[@]}" -np 2 -H localhost:2 "$PY" -m hpcdp.train \
     "data.path=$SYN" "run.dir=$OUTDIR/resnet18-2gpu-buckets" run.device=cuda run.precision=bf16 \
-    run.max_steps=300 model.name=resnet18 model.cifar_stem=true model.sync_bn=true \
+    run.max_steps=300 model.name=resnet18 image.cifar_stem=true model.sync_bn=true \
     data.batch_size=256 log.every_steps=50 checkpoint.every_steps=0 preempt.check_every=10 \
     horovod.bucket_mb=4
   if [ $rc -eq 0 ]; then pass "the same with gradient buckets (horovod.bucket_mb=4): \

@@ -183,8 +183,12 @@ def _worker(args: argparse.Namespace) -> int:
 
     import horovod.torch as hvd
 
-    os.environ.update(hvd_settings.fusion_env(os.environ, on_gpu=device == "cuda"))
-    hvd.init()
+    from hpcdp import dist
+    from hpcdp.config import HorovodConfig
+
+    # Started as training starts it: the fusion threshold from the environment, else
+    # hpcdp's rule for this device and controller.
+    dist.init(HorovodConfig(), Path("."), on_gpu=device == "cuda")
     if device == "cuda":
         torch.cuda.set_device(hvd.local_rank())
     hvd.barrier()

@@ -180,7 +180,7 @@ def train_overrides(model: str, data: Path, run_dir: Path, args: argparse.Namesp
              "log.progress=false", "checkpoint.resume=none", "checkpoint.every_steps=0",
              "checkpoint.keep=1"]
     if model == "resnet18":
-        argv += [f"model.width={args.width}", f"model.cifar_stem={str(args.cifar_stem).lower()}"]
+        argv += [f"image.width={args.width}", f"image.cifar_stem={str(args.cifar_stem).lower()}"]
     return argv + list(args.set)
 
 

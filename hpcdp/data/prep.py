@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from hpcdp import __version__
-from hpcdp.cli import report_crashes
 from hpcdp.cliargs import parse_args
+from hpcdp.crash import report_crashes
 from hpcdp.data import sources as src
 
 #: Target chunk size: about 1 MiB of samples (at least one sample).

@@ -16,3 +16,9 @@ def test_horovod_collectives(ranks, launcher: str) -> None:
 def test_grad_buckets_match_distributed_optimizer(ranks) -> None:
     run = ranks("grad_buckets", np=2, timeout=180)
     assert run.output.count("grad buckets agree with DistributedOptimizer") == 2, run.describe()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_metric_sums_over_unequal_ranks(ranks, np_: int) -> None:
+    run = ranks("metric_sums", np=np_, timeout=120)
+    assert run.output.count("metric sums agree") == np_, run.describe()

@@ -115,8 +115,8 @@ def test_signal_checkpoint_resume_is_bitwise_identical(ranks, data: Path, tmp_pa
     a, b = final_state(full), final_state(cut)
     assert a["step"] == b["step"] == 2 * (N_TRAIN // 32)
     assert_same_params(a, b, exact=True)
-    for k, v in a["optimizer"]["state"].items():
-        assert torch.equal(v["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"])
+    for k, v in a["optimizers"][0]["state"].items():
+        assert torch.equal(v["momentum_buffer"], b["optimizers"][0]["state"][k]["momentum_buffer"])
 
 
 def traces(run: Path) -> dict[tuple[int, int], set[str]]:
@@ -133,12 +133,14 @@ def traces(run: Path) -> dict[tuple[int, int], set[str]]:
 
 def test_resume_on_another_world_size_continues_the_epoch(ranks, data: Path,
                                                           tmp_path: Path) -> None:
-    common = ("data.global_batch_size=48", "data.virtual_shards=12", "log.trace_samples=true",
-              "run.epochs=1")
+    common = ("data.global_batch_size=48", "log.trace_samples=true", "run.epochs=1")
+    # The layout is chosen by the first run; the resumed run's defaults differ (24 virtual
+    # shards, a 4 MiB window): the stored layout must win.
+    layout = ("data.virtual_shards=12", "data.window_samples=40")
     ref = tmp_path / "ref"
-    ranks(TRAIN, *args(data, ref, *common), np=1, timeout=BOUND)
+    ranks(TRAIN, *args(data, ref, *common, *layout), np=1, timeout=BOUND)
     run = tmp_path / "run"
-    ranks(TRAIN, *args(data, run, *common, "run.stop_at_step=4"), np=2, timeout=BOUND)
+    ranks(TRAIN, *args(data, run, *common, *layout, "run.stop_at_step=4"), np=2, timeout=BOUND)
     assert [s for s, _ in ck.list_checkpoints(run / "checkpoints")] == [4]
     out = ranks(TRAIN, *args(data, run, *common), np=1, timeout=BOUND).output
     assert "resumed from" in out
@@ -209,7 +211,7 @@ def test_checkpoint_of_another_model(ranks, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.epochs=1"), np=2, timeout=BOUND)
     before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    out = failing(ranks, [*TRAIN, *args(data, run, "model.name=resnet18", "model.width=4")])
+    out = failing(ranks, [*TRAIN, *args(data, run, "model.name=resnet18", "image.width=4")])
     on_every_rank(out, "was written for model 'digits_cnn', but this run builds 'resnet18'")
     after = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert after == before  # nothing overwritten, nothing added
@@ -240,7 +242,7 @@ def test_one_rank_failing_takes_the_job_down(ranks, data: Path, tmp_path: Path) 
     [
         # ResNet-18 (small), bf16 autocast, fp16 gradient compression, 2-step accumulation,
         # gradient predivision: 8 per rank x 2 ranks x 2 passes = 32 samples per step.
-        (("model.name=resnet18", "model.width=4", "model.cifar_stem=true", "run.precision=bf16",
+        (("model.name=resnet18", "image.width=4", "image.cifar_stem=true", "run.precision=bf16",
           "horovod.compression=fp16", "horovod.backward_passes_per_step=2",
           "horovod.gradient_predivide_factor=2", "data.batch_size=8", "data.val_batch_size=8",
           "horovod.fusion_threshold_mb=1", "horovod.cycle_time_ms=5",

@@ -28,12 +28,12 @@ def test_precedence_cli_over_file_over_defaults(tmp_path: Path) -> None:
 
 def test_override_types_are_parsed() -> None:
     cfg = c.build(None, ["data.path=runs/x", "run.epochs=3", "schedule.warmup_epochs=1",
-                         "model.cifar_stem=true", 'preempt.signals=["USR1"]',
+                         "image.cifar_stem=true", 'preempt.signals=["USR1"]',
                          "schedule.milestones=[1, 2.5]", 'run.name="7"'])
     assert cfg.data.path == "runs/x"
     assert cfg.run.epochs == 3 and isinstance(cfg.run.epochs, int)
     assert cfg.schedule.warmup_epochs == 1.0 and isinstance(cfg.schedule.warmup_epochs, float)
-    assert cfg.model.cifar_stem is True
+    assert cfg.image.cifar_stem is True
     assert cfg.preempt.signals == ["USR1"]
     assert cfg.schedule.milestones == [1.0, 2.5]
     assert cfg.run.name == "7"

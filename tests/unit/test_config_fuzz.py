@@ -85,11 +85,11 @@ def test_numbers_must_be_finite(key: str, literal: str) -> None:
 # Values out of each key's range (the contract `validate` keeps).
 OUT_OF_RANGE: dict[str, st.SearchStrategy[typing.Any]] = {
     **{k: st.integers(max_value=0) for k in (
-        "run.epochs", "data.batch_size", "model.num_classes", "horovod.backward_passes_per_step",
+        "run.epochs", "data.batch_size", "image.num_classes", "horovod.backward_passes_per_step",
         "checkpoint.keep", "preempt.check_every", "log.every_steps", "optim.ref_batch")},
     **{k: st.integers(max_value=-1) for k in (
         "run.max_steps", "run.stop_at_step", "data.global_batch_size", "data.val_batch_size",
-        "data.window_samples", "data.virtual_shards", "data.prefetch", "model.width",
+        "data.window_samples", "data.virtual_shards", "data.prefetch", "image.width",
         "checkpoint.every_steps", "preempt.max_requeues")},
     "run.seed": st.one_of(st.integers(max_value=-1), st.integers(2**63, 2**70)),
     **{k: st.floats(max_value=-1e-300, allow_infinity=False) for k in (
@@ -98,14 +98,14 @@ OUT_OF_RANGE: dict[str, st.SearchStrategy[typing.Any]] = {
     **{k: st.floats(max_value=1.0 - 1e-9, allow_infinity=False) for k in (
         "run.stall_multiple", "run.stall_warmup_factor")},
     **{k: st.floats(max_value=0.0, allow_infinity=False) for k in (
-        "optim.lr", "data.scale", "data.std", "horovod.gradient_predivide_factor",
+        "optim.lr", "image.scale", "image.std", "horovod.gradient_predivide_factor",
         "schedule.gamma")},
     **{k: st.one_of(st.floats(max_value=-1e-300, allow_infinity=False),
                     st.floats(min_value=1.0 + 1e-9, allow_infinity=False))
        for k in ("schedule.warmup_start_factor", "schedule.min_factor")},
     **{k: st.just("") for k in (
-        "run.name", "data.path", "data.train_file", "data.val_file", "data.x_name",
-        "data.y_name", "checkpoint.resume", "run.precision", "run.device", "run.on_nan",
+        "run.name", "data.path", "data.train_file", "data.val_file", "image.x_name",
+        "image.y_name", "checkpoint.resume", "run.precision", "run.device", "run.on_nan",
         "optim.name", "optim.lr_scaling", "schedule.kind", "horovod.compression",
         "horovod.op")},
     "run.name": st.sampled_from(["", ".", "..", "a/b", "/abs"]),
@@ -203,7 +203,7 @@ def test_paths_of_the_wrong_kind_name_the_key(tmp_path: Path) -> None:
 
 
 def test_nan_is_refused_where_it_used_to_pass() -> None:
-    for override in ("optim.lr=nan", "data.scale=inf", "schedule.warmup_epochs=nan"):
+    for override in ("optim.lr=nan", "image.scale=inf", "schedule.warmup_epochs=nan"):
         with pytest.raises(ConfigError, match="finite"):
             c.build(None, [*BASE, override])
     assert math.isfinite(c.build(None, BASE).optim.lr)

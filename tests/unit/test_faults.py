@@ -97,7 +97,7 @@ def test_poison_keeps_the_graph() -> None:
 
 
 def test_uneven_steps_are_refused_before_training() -> None:
-    from hpcdp.train import uneven_steps_error
+    from hpcdp.train.setup import uneven_steps_error
 
     assert uneven_steps_error([10, 10, 10]) is None
     assert uneven_steps_error([7]) is None

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hpcdp.config import Config
 from hpcdp.grad_buckets import plan
-from hpcdp.train import bucket_bytes
+from hpcdp.train.setup import bucket_bytes
 
 
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=60), st.integers(1, 20000))

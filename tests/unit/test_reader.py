@@ -142,6 +142,27 @@ def test_resume_from_4_ranks_into_2(data: Path) -> None:
             np.testing.assert_array_equal(rest, ref[5:])
 
 
+@pytest.mark.parametrize(("stored", "option"), [(12, "virtual_shards"), (40, "window_samples")])
+def test_resume_keeps_the_stored_layout_over_the_defaults(data: Path, stored: int,
+                                                          option: str) -> None:
+    """A state written with V=12 (or a 40-sample window) resumes into readers whose
+    defaults differ (V=24 for 48 x 2 ranks, a 4 MiB window): the stored values decide
+    the rest of the epoch's order, or samples would repeat, be skipped, or not fit."""
+    with ShardedReader(data, batch_size=48, seed=3, **{option: stored}) as r:
+        first = read_all(r, steps=3)
+        state, v, window = r.state_dict(), r.virtual_shards, r.window
+    parts = []
+    for rank in range(2):
+        with ShardedReader(data, batch_size=24, rank=rank, world_size=2, seed=3) as r2:
+            assert (r2.virtual_shards, r2.window) != (v, window)  # the defaults differ
+            r2.load_state_dict(state)
+            assert (r2.virtual_shards, r2.window) == (v, window)
+            parts.append(read_all(r2))
+    ref = pt.global_order(1000, 16, 3, 0, 48, v, window)
+    np.testing.assert_array_equal(first, ref[:3])
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), ref[3:])
+
+
 def test_state_counts_received_batches_not_prefetched(data: Path) -> None:
     with ShardedReader(data, batch_size=24, prefetch=8) as r:
         it = iter(r)

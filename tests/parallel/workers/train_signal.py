@@ -4,6 +4,8 @@ HPCDP_TEST_SIGNAL_AT=k: rank 1 signals itself just before the k-th preemption
 check, so the ranks see the flag at different times and must agree on it.
 HPCDP_TEST_CRASH_AT=k: rank 1 raises instead, while rank 0 waits in a collective.
 The real all-reduce still runs; only the moment of the event is arranged.
+HPCDP_TEST_PRUNE_FAILS=1: deleting old checkpoints fails (after each new file is
+complete), as on a file system that refuses the unlink.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 
 import horovod.torch as hvd
 
-from hpcdp import dist, train
+from hpcdp import checkpoint, dist, train
 
 SIGNAL_AT = int(os.environ.get("HPCDP_TEST_SIGNAL_AT", "0"))
 CRASH_AT = int(os.environ.get("HPCDP_TEST_CRASH_AT", "0"))
@@ -33,6 +35,14 @@ def _arranged(value: int, name: str):
 
 
 dist.start_allreduce_max_int = _arranged
+
+
+def _prune_fails(folder, keep):
+    raise PermissionError(f"arranged: cannot delete old checkpoints in {folder}")
+
+
+if os.environ.get("HPCDP_TEST_PRUNE_FAILS"):
+    checkpoint.prune = _prune_fails
 
 if __name__ == "__main__":
     sys.exit(train.main(sys.argv[1:]))

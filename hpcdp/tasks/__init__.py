@@ -1,0 +1,116 @@
+"""Workloads ("tasks"): what a run reads, its model, loss and metrics; the rest is shared.
+
+A task is one `Task` value (plain data and functions, no subclassing), in its
+own module `hpcdp.tasks.<name>` exporting `TASK`; `config.task.name` chooses
+it. The training package (hpcdp.train) asks the task for:
+
+- `datasets(cfg)`: the HDF5 datasets each file must hold, with the dtype kinds
+  allowed (checked on every rank before any collective);
+- `build_model(cfg, sample_shape)`: the network, on the CPU, no collectives;
+- `prepare(batch, cfg, device)`: a batch as the readers yield it, one tensor
+  per dataset in `datasets(cfg)` order (`(x, None)` for a task that reads one
+  dataset) -> (inputs, targets) on the device, the input transform included;
+- `loss(outputs, targets)`: the mean loss of a batch (what backward sees);
+- `measure(outputs, targets, loss)`: per metric, this batch's contribution
+  (see `Metric.reduce`); `count(targets)`: the denominator of "mean" metrics;
+- `optimizers(cfg, model)`: one optimizer, or several over disjoint parameters
+  (a dense one and a sparse one for embedding tables, say); each is averaged
+  over ranks by its own distributed wrapper;
+- `defaults`: config values the task changes (any section), applied before the
+  config file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from hpcdp.config import TASK_NAMES, ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcdp.config import Config
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One HDF5 dataset a task reads from every split's file (samples first)."""
+
+    name: str  # the dataset's name in the file
+    role: str  # what it is to the task: "input", "label", "tokens", ...
+    kinds: str = "biufc"  # numpy dtype kinds accepted ("iub": integers only)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A number reported for training windows and validation, and how ranks combine it.
+
+    reduce = "mean": `measure` returns this batch's sum; reported: the sum over
+    every rank and batch divided by the summed `count`. "sum": reported as the
+    total. "gather": `measure` returns per-sample rows (a tensor, first dimension
+    the samples); every rank's rows are gathered and `finish(rows)` computes the
+    value once over all of them (AUC, which is no mean of per-rank AUCs).
+    """
+
+    name: str
+    reduce: Literal["mean", "sum", "gather"] = "mean"
+    finish: Callable[[torch.Tensor], float] | None = None
+    in_training: bool = True  # also reported for training windows (gathers can be costly)
+
+    def __post_init__(self) -> None:
+        if self.reduce == "gather" and self.finish is None:
+            raise ValueError(f"metric {self.name!r}: a gathered metric needs `finish`")
+
+
+def _first_len(targets: Any) -> int:
+    return len(targets)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything a workload supplies to the shared trainer (see the module doc)."""
+
+    name: str
+    models: tuple[str, ...]
+    datasets: Callable[[Config], Sequence[Dataset]]
+    build_model: Callable[[Config, tuple[int, ...]], torch.nn.Module]
+    prepare: Callable[[Any, Config, torch.device], tuple[Any, Any]]
+    loss: Callable[[Any, Any], torch.Tensor]
+    measure: Callable[[Any, Any, torch.Tensor], Mapping[str, torch.Tensor]]
+    metrics: tuple[Metric, ...]
+    optimizers: Callable[[Config, torch.nn.Module], list[torch.optim.Optimizer]]
+    count: Callable[[Any], int] = _first_len
+    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def check_model(self, name: str) -> None:
+        """Raise ConfigError naming the choices when the task has no model `name`."""
+        if name not in self.models:
+            raise ConfigError(f"unknown model {name!r} for task {self.name!r}; "
+                             f"choose one of {', '.join(self.models)}")
+
+
+def get(name: str) -> Task:
+    """The task named `name` (config.TASK_NAMES lists them)."""
+    if name not in TASK_NAMES:
+        raise ConfigError(f"task.name={name!r}: choose one of {', '.join(TASK_NAMES)}")
+    return importlib.import_module(f"hpcdp.tasks.{name}").TASK
+
+
+def defaults(name: str) -> Mapping[str, Mapping[str, Any]]:
+    """The task's own config defaults (for config.build)."""
+    return get(name).defaults
+
+
+def default_optimizers(cfg: Config, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
+    """One optimizer over every parameter, as [optim] describes it."""
+    import torch
+
+    o = cfg.optim
+    if o.name == "sgd":
+        return [torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
+                                nesterov=o.nesterov and o.momentum > 0,
+                                weight_decay=o.weight_decay)]
+    return [torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)]

@@ -1,0 +1,5 @@
+import sys
+
+from hpcdp.train.command import main
+
+sys.exit(main())

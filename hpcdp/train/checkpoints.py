@@ -1,0 +1,301 @@
+"""The checkpoint manager: when to save, what goes in, keep-k, and the resume protocol.
+
+The file format (checksummed, atomic) is hpcdp.checkpoint's; the policy is here:
+
+- what a checkpoint holds is built in one place (`CheckpointManager.state`):
+  model, optimizers, scaler, reader position, train state, every rank's RNG,
+  the config and the schedule;
+- keep-k: after each write the newest `checkpoint.keep` files stay. A file that
+  fails verification is moved aside as `*.corrupt` when a run looks for its
+  checkpoint, so it never holds a slot that a good one needs;
+- one run per folder: a fresh start (`resume=none`) into a folder that holds
+  checkpoints, or a resume that would put this run's files beside another run's,
+  is refused with what to do;
+- resume: rank 0 chooses and verifies, broadcasts the bytes, every rank loads
+  them, all agree that it worked; a checkpoint taken with another global batch
+  is refused (its step count and schedule mean other samples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcdp import checkpoint as ckpt
+from hpcdp import dist, watchdog
+from hpcdp import schedule as sched
+from hpcdp.config import Config
+
+log = logging.getLogger("hpcdp.train")
+
+FORMAT = 2  # 2: "optimizers" (a list), "train" state, "global_batch", "task"
+
+
+@dataclass
+class TrainState:
+    """Where training stands: what a resumed run continues from."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_seen: int = 0
+
+    def advance(self, global_batch: int) -> None:
+        self.step += 1
+        self.samples_seen += global_batch
+
+
+# --------------------------------------------------------------------------- pure policy
+
+
+def mixing_error(mode: str, folder: Path, listed: list[tuple[int, Path]]) -> str | None:
+    """Why this run must not write into `folder`, given its checkpoints (pure, no I/O).
+
+    `mode` is checkpoint.resume. Checkpoints of two runs in one folder prune each
+    other (the higher step numbers win) and a later `resume=auto` picks the wrong run.
+    """
+    if not listed or mode == "auto":
+        return None
+    newest = listed[0][1]
+    if mode == "none":
+        return (f"checkpoint.resume=none, but {folder} already holds checkpoints (newest: "
+                f"{newest.name}): a second run there would prune them or be pruned by them. "
+                "Resume that run (checkpoint.resume=auto), give this run its own folder "
+                "(run.dir=... or checkpoint.dir=...), or move those files away")
+    path = Path(mode)
+    if path.resolve().parent != folder.resolve():
+        return (f"checkpoint.resume={mode}: resuming another run's checkpoint into {folder}, "
+                f"which holds checkpoints of its own (newest: {newest.name}); give this run "
+                "its own folder (run.dir=... or checkpoint.dir=...) or move those files away")
+    m = ckpt.NAME_RE.match(path.name)
+    own_step = int(m.group(1)) if m else -1
+    newer = [p.name for s, p in listed if s > own_step]
+    if newer:
+        return (f"checkpoint.resume={mode}: {folder} holds newer checkpoints "
+                f"({', '.join(newer[:3])}) that would outrank this run's; resume the newest "
+                "(checkpoint.resume=auto) or move the newer files away")
+    return None
+
+
+def stored_global_batch(state: dict[str, Any]) -> int | None:
+    """Samples per optimizer step of the run that wrote `state` (older files: from its config)."""
+    if "global_batch" in state:
+        return int(state["global_batch"])
+    try:
+        data, hc = state["config"]["data"], state["config"]["horovod"]
+        per_step = data["global_batch_size"] or data["batch_size"] * int(state["world_size"])
+        return int(per_step) * int(hc["backward_passes_per_step"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def batch_change_error(stored: int | None, current: int, name: str) -> str | None:
+    """Why a run with global batch `current` must not resume a checkpoint of batch `stored`.
+
+    The step counter, the schedule (built from steps per epoch) and the reader's
+    position all count optimizer steps of the stored batch. Whoever adds a way to
+    allow such a resume (rescaling by samples seen) gates it here.
+    """
+    if stored is None or stored == current:
+        return None
+    return (f"{name} was written with a global batch of {stored} samples per step, but this "
+            f"run takes {current}; its step count and learning-rate schedule would not match. "
+            f"Resume with the same global batch (data.global_batch_size={stored}, or "
+            "data.batch_size x ranks x horovod.backward_passes_per_step), start a new run "
+            "in another folder, or set optim.allow_lr_change=true to resume anyway")
+
+
+def not_written_error(path: Path, error: Exception, folder: Path) -> str:
+    found = ckpt.list_checkpoints(folder)
+    previous = (f"the previous checkpoint {found[0][1]} is intact" if found
+                else "there is no earlier checkpoint")
+    return (f"checkpoint {path} was not written ({error}); {previous}. Free space (or fix the "
+            "folder) and rerun the same command to resume")
+
+
+# --------------------------------------------------------------------------- the manager
+
+
+class CheckpointManager:
+    """Owns a run's checkpoint folder: saving, keeping, choosing and loading."""
+
+    def __init__(self, cfg: Config, root: bool) -> None:
+        self.cfg = cfg
+        self.folder = cfg.checkpoint_dir
+        self.keep = cfg.checkpoint.keep
+        self.every = cfg.checkpoint.every_steps
+        self.root = root
+        self.trust = ckpt.Trust(cfg.checkpoint.allow_group_write,
+                                cfg.checkpoint.strict_permissions)
+
+    def due(self, step: int, total_steps: int, stopping: bool) -> bool:
+        """Whether to write a checkpoint after `step` (the same answer on every rank)."""
+        return stopping or step == total_steps or bool(self.every and step % self.every == 0)
+
+    def path(self, step: int) -> Path:
+        return ckpt.step_path(self.folder, step)
+
+    def state(self, run: Any, train: TrainState, rngs: list[Any]) -> dict[str, Any]:
+        """Everything a checkpoint holds: the one place its contents are decided."""
+        return {
+            "format": FORMAT, "task": run.cfg.task.name, "model_name": run.cfg.model.name,
+            "step": train.step, "epoch": train.epoch,
+            "train": dataclasses.asdict(train), "global_batch": run.global_batch,
+            "model": run.model.state_dict(),
+            "optimizers": [opt.state_dict() for opt in run.optimizers],
+            "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+            "reader": run.train_reader.state_dict(),
+            "schedule": dataclasses.asdict(run.schedule),
+            "rng": rngs, "config": run.cfg.to_dict(), "world_size": run.size,
+            "time": time.time(),
+        }
+
+    # -- saving -------------------------------------------------------------------------
+
+    def save(self, run: Any, train: TrainState) -> tuple[Path, str | None]:
+        """Collective (every rank's RNG is gathered); rank 0 alone writes the file.
+
+        A failed write (a full disk, a quota) stops the run on every rank with an
+        error: a job that cannot checkpoint would lose all further work at its time
+        limit, so it ends now, the previous checkpoint intact, for a rerun to resume
+        from. Non-finite weights are never written. Returns the path and, on rank 0,
+        a warning when something after the write failed (the file is complete).
+        """
+        watchdog.section("checkpoint")
+        rngs = dist.allgather_object(ckpt.rng_state(), "hpcdp.rng")
+        path, error, note = self.path(train.step), None, None
+        if self.root:
+            try:
+                note = self.write(path, self.state(run, train, rngs))
+            except (OSError, ckpt.CheckpointError) as e:
+                error = not_written_error(path, e, self.folder)
+        dist.agree(error, "save")
+        return path, note
+
+    def write(self, path: Path, state: dict[str, Any]) -> str | None:
+        """Rank 0: write `path` atomically, then keep the newest `keep`.
+
+        Raises if the file was not written; returns a warning (the file is whole)
+        when only the folder's fsync or the pruning failed.
+        """
+        from hpcdp.train.step import finite
+
+        weights = state["model"]
+        if not finite(t for t in weights.values() if t.is_floating_point()):
+            raise ckpt.CheckpointError("the model holds NaN/inf values")
+        ckpt.replace_atomic(path, ckpt.encode(state))
+        try:
+            ckpt.sync_folder(self.folder)
+            ckpt.prune(self.folder, self.keep)
+        except OSError as e:
+            return (f"checkpoint {path} was written, but syncing or pruning {self.folder} "
+                    f"failed afterwards: {e}")
+        return None
+
+    # -- resuming -----------------------------------------------------------------------
+
+    def newest_verified(self) -> tuple[ckpt.Found | None, list[str]]:
+        """Rank 0: the newest file that verifies; corrupt newer ones are moved aside.
+
+        A folder or file that others could have written is refused (UntrustedError),
+        not skipped: someone should look at it before anything resumes.
+        """
+        notes = []
+        if self.folder.is_dir():
+            ckpt.check_trusted(self.folder.resolve(), self.trust)
+        for step, path in ckpt.list_checkpoints(self.folder):
+            try:
+                return ckpt.Found(path, step, ckpt.read_verified(path, self.trust)), notes
+            except ckpt.UntrustedError:
+                raise
+            except ckpt.CheckpointError as e:
+                if ckpt.is_corrupt(path):
+                    notes.append(f"skipping checkpoint: {e}; moved aside to "
+                                 f"{ckpt.set_aside(path).name}")
+                else:
+                    notes.append(f"skipping checkpoint: {e}")
+        return None, notes
+
+    def choose(self, run: Any) -> dict[str, Any]:
+        """Rank 0 only: what to resume from, as a message every rank can act on."""
+        mode = self.cfg.checkpoint.resume
+        try:
+            why = mixing_error(mode, self.folder, ckpt.list_checkpoints(self.folder))
+            if why:
+                return {"kind": "error", "message": why}
+            if mode == "none":
+                return {"kind": "fresh"}
+            if mode == "auto":
+                found, notes = self.newest_verified()
+                if found is None:
+                    return {"kind": "fresh", "notes": notes}
+                path, data = found.path, found.data
+            else:
+                path, notes = Path(mode), []
+                data = ckpt.read_verified(path, self.trust)
+            name = f"checkpoint {str(path)!r}"
+            self.check(ckpt.decode(data, str(path)), run, name)
+            return {"kind": "resume", "path": str(path), "data": data, "notes": notes}
+        except (ckpt.CheckpointError, OSError) as e:
+            return {"kind": "error", "message": str(e)}
+
+    def check(self, state: dict[str, Any], run: Any, name: str) -> None:
+        """Refuse a checkpoint of another task, model or global batch."""
+        task = state.get("task", "image")
+        if task != run.cfg.task.name:
+            raise ckpt.CheckpointError(f"{name} was written for task {task!r}, but this run "
+                                       f"is task {run.cfg.task.name!r}")
+        ckpt.check_compatible(state, run.model, run.cfg.model.name, name)
+        if run.cfg.optim.allow_lr_change:  # the user accepts another batch and rate knowingly
+            return
+        why = batch_change_error(stored_global_batch(state), run.global_batch, name)
+        if why:
+            raise ckpt.CheckpointError(why)
+        why = sched.lr_change_on_resume(state.get("schedule") or {}, run.schedule)
+        if why:
+            raise ckpt.CheckpointError(f"{name}: {why}")
+
+    def resume(self, run: Any) -> tuple[TrainState, str | None]:
+        """Collective: rank 0 chooses, broadcasts the bytes, every rank loads, all agree."""
+        decision = self.choose(run) if self.root else None
+        decision = dist.broadcast_object(decision, "hpcdp.resume")
+        if decision["kind"] == "error":
+            raise dist.AgreedError(decision["message"])
+        for note in decision.get("notes", []):
+            log.warning(note)
+        if decision["kind"] == "fresh":
+            return TrainState(), None
+        error, train = None, TrainState()
+        try:
+            train = self.load(ckpt.decode(decision["data"], decision["path"]), run)
+        except Exception as e:  # noqa: BLE001 - e.g. a reader state this world cannot use
+            error = f"checkpoint {decision['path']!r} cannot be resumed here: {e}"
+        dist.agree(error, "resume")
+        return train, decision["path"]
+
+    def load(self, state: dict[str, Any], run: Any) -> TrainState:
+        """Restore every part a checkpoint holds on this rank; returns the train state."""
+        from hpcdp.train.setup import seed_everything
+
+        run.model.load_state_dict(state["model"])
+        saved = state["optimizers"] if "optimizers" in state else [state["optimizer"]]
+        if len(saved) != len(run.optimizers):
+            raise ckpt.CheckpointError(f"it holds {len(saved)} optimizer state(s), this run "
+                                       f"has {len(run.optimizers)} optimizer(s)")
+        for opt, opt_state in zip(run.optimizers, saved, strict=True):
+            opt.load_state_dict(opt_state)
+        if run.scaler is not None and state.get("scaler"):
+            run.scaler.load_state_dict(state["scaler"])
+        run.train_reader.load_state_dict(state["reader"])
+        rngs = state.get("rng") or []
+        if len(rngs) == run.size:
+            ckpt.set_rng_state(rngs[run.rank])
+        else:  # another world size: fresh, distinct, reproducible streams per rank
+            seed_everything(run.cfg.run.seed + run.rank + 1_000_003 * int(state["step"]))
+        step = int(state["step"])
+        train = state.get("train") or {}
+        return TrainState(step, int(state["epoch"]),
+                          int(train.get("samples_seen", step * run.global_batch)))

@@ -1,0 +1,78 @@
+"""Metric sums over batches and ranks, and validation over every sample once.
+
+A task's metrics reduce over ranks by mean, sum or gather (hpcdp.tasks.Metric).
+Sums stay on the device between reports (no sync per step); a report is one
+all-reduce of all sums, plus one gather per gathered metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hpcdp.tasks import Metric
+
+
+class MetricSums:
+    """Running sums of a task's metrics on one rank, reduced over ranks on demand."""
+
+    def __init__(self, metrics: Sequence[Metric], device: torch.device,
+                 training: bool = False) -> None:
+        self.metrics = [m for m in metrics if m.in_training or not training]
+        self.scalars = [m for m in self.metrics if m.reduce != "gather"]
+        self.gathered = [m for m in self.metrics if m.reduce == "gather"]
+        # One slot per scalar metric, then the count (the means' denominator), then samples.
+        self.sums = torch.zeros(len(self.scalars) + 2, dtype=torch.float64, device=device)
+        self.rows: dict[str, list[torch.Tensor]] = {m.name: [] for m in self.gathered}
+
+    def add(self, measured: Mapping[str, torch.Tensor], count: int, samples: int = 0) -> None:
+        for i, m in enumerate(self.scalars):
+            self.sums[i] += measured[m.name]
+        self.sums[-2] += count
+        self.sums[-1] += samples or count
+        for m in self.gathered:
+            self.rows[m.name].append(measured[m.name].detach().cpu())
+
+    def reduce(self, kind: str) -> dict[str, Any]:
+        """Collective: every metric over all ranks, plus "samples"; then start afresh."""
+        from hpcdp import dist
+
+        totals = dist.allreduce_sum(self.sums.tolist(), name=f"hpcdp.{kind}_metrics")
+        count = max(totals[-2], 1.0)
+        values: dict[str, Any] = {}
+        for m, total in zip(self.scalars, totals, strict=False):
+            values[m.name] = total / count if m.reduce == "mean" else total
+        for m in self.gathered:
+            mine = torch.cat(self.rows[m.name]) if self.rows[m.name] else None
+            every = [t for t in dist.allgather_object(mine, f"hpcdp.{kind}.{m.name}")
+                     if t is not None]
+            values[m.name] = m.finish(torch.cat(every)) if every else float("nan")  # type: ignore[misc]
+        values["samples"] = int(totals[-1])
+        self.sums.zero_()
+        self.rows = {m.name: [] for m in self.gathered}
+        return values
+
+
+def evaluate(run: Any) -> dict[str, Any]:
+    """Collective (at the end only): the task's metrics over every validation sample once.
+
+    Ranks may read one batch more or less (hpcdp.data.slices), so nothing in the
+    batch loop may be a collective: the sums are reduced once after it.
+    """
+    from hpcdp import watchdog
+    from hpcdp.train.step import autocast
+
+    watchdog.section("validation")
+    run.model.eval()
+    sums = MetricSums(run.task.metrics, run.device)
+    with torch.no_grad(), autocast(run.cfg, run.device):
+        for batch in run.val_reader:
+            inputs, targets = run.task.prepare(batch, run.cfg, run.device)
+            out = run.model(inputs)
+            loss = run.task.loss(out, targets)
+            sums.add(run.task.measure(out, targets, loss), run.task.count(targets),
+                     len(batch[0]))
+    run.model.train()
+    return sums.reduce("val")

@@ -1,0 +1,256 @@
+"""One training run, from init to summary, in the order every rank follows.
+
+1. Horovod init (signal handlers first: a signal during start-up must not kill
+   a rank); pin a device; print the identity line.
+2. Set up data, model, optimizers (hpcdp.train.setup, local); all ranks agree.
+3. Resume (hpcdp.train.checkpoints: rank 0 chooses, broadcast, all load, agree),
+   then broadcast parameters and optimizer state from rank 0.
+4. The loop: each step is `train_step`; at its boundary the same collectives on
+   every rank, each one named line below: metrics every `log.every_steps`, the
+   preemption agreement, a checkpoint when due; validation at each epoch's end.
+5. Summary (rank 0 writes summary.json), or a stop for preemption / stop_at_step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hpcdp import config as cfgmod
+from hpcdp import dist, watchdog
+from hpcdp.config import Config
+from hpcdp.metrics import Reporter, StepTimes, rank_spread, setup_logging, spread_text
+from hpcdp.tasks import Task
+from hpcdp.train import setup
+from hpcdp.train.checkpoints import CheckpointManager, TrainState
+from hpcdp.train.evaluate import MetricSums, evaluate
+from hpcdp.train.hooks import Hooks
+from hpcdp.train.step import train_step
+
+
+@dataclass
+class Outcome:
+    """How the loop ended, and what the summary needs."""
+
+    stop: str | None = None  # "preempted", "stopped", or None for a finished run
+    last_val: dict[str, Any] = field(default_factory=dict)
+    samples: int = 0  # trained by this rank in this process
+    excluded: float = 0.0  # seconds of validation and checkpoints, left out of throughput
+    started: float = field(default_factory=time.perf_counter)
+
+
+def train(cfg: Config, task: Task) -> int:
+    """One run on this rank; returns the process exit code."""
+    preempt = None
+    if cfg.preempt.enabled and cfg.preempt.signals:
+        from hpcdp.preempt import Preemption
+
+        preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
+    dist.init(cfg.horovod, cfg.run_dir,
+              on_gpu=dist.wants_gpu(cfg.run.device, torch.cuda.is_available()))
+    setup_logging(None, dist.rank() == 0)
+    watchdog.start(cfg.run, dist.rank(), dist.size(), cfg.run_dir, lambda: dist.abort_job(1))
+    with dist.abort_on_error():
+        run = start(cfg, task)
+        ckpts = CheckpointManager(cfg, run.root)
+        state, resumed_from = ckpts.resume(run)                 # collective: hpcdp.resume
+        dist.broadcast_start(run.model, run.optimizers)         # collective: parameters
+        rep = open_outputs(run, state, resumed_from)
+        hooks = Hooks(cfg, run.rank, cfg.run_dir)
+        outcome = loop(run, state, ckpts, hooks, preempt, rep)
+        if preempt is not None:
+            preempt.drain()  # the last check's all-reduce, so no collective is left open
+        hooks.close()
+        # The signal handlers stay until the process exits: a TERM that follows (Slurm
+        # ends a requeued job that way) must not kill a rank that is finishing cleanly.
+        code = 0
+        if outcome.stop:
+            code = report_stop(run, ckpts, state, outcome.stop, rep)  # collective: hpcdp.stop
+        else:
+            summarize(run, ckpts, state, outcome, resumed_from, rep)
+        rep.close()
+        return code  # readers stay open: see dist.shutdown_and_exit
+
+
+def start(cfg: Config, task: Task) -> setup.Run:
+    """Device, identity, placement check, local set-up; every rank agrees it worked."""
+    rank, size = dist.rank(), dist.size()
+    error: str | None = None
+    run: setup.Run | None = None
+    try:
+        device = dist.pin_device(cfg.run.device)
+    except dist.AgreedError as e:
+        device, error = torch.device("cpu"), str(e)
+    dist.print_identity(device)
+    error = error or dist.placement_error(device)              # collective: hpcdp.placement
+    if error is None:
+        try:
+            run = setup.build(cfg, task, rank, size, device)
+        except Exception as e:  # noqa: BLE001 - any setup failure is reported on all ranks
+            error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+    dist.agree(error, "setup")                                  # collective: hpcdp.agree.setup
+    assert run is not None
+    steps = dist.allgather_object(run.train_reader.steps_per_epoch, "hpcdp.steps")  # collective
+    uneven = setup.uneven_steps_error(steps)
+    if uneven:
+        raise dist.AgreedError(uneven)
+    return run
+
+
+def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) -> Reporter:
+    """From here on rank 0 writes the run folder: log file, config, metrics."""
+    from hpcdp.models import count_parameters
+
+    cfg, run_dir = run.cfg, run.cfg.run_dir
+    if run.root:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        setup_logging(run_dir, True)
+        (run_dir / "config.toml").write_text(cfgmod.dumps(cfg))
+    rep = Reporter(run_dir, run.root, cfg.log.jsonl, cfg.log.tensorboard, cfg.log.progress,
+                   run.total_steps, state.step, drop_after=state.step if resumed_from else None)
+    rep.info(
+        f"{'resumed from ' + resumed_from if resumed_from else 'fresh start'}: task "
+        f"{cfg.task.name}, model {cfg.model.name} ({count_parameters(run.model):,} parameters) "
+        f"on {run.size} rank(s), batch {run.batch}/rank x {run.accum} accumulation = "
+        f"{run.global_batch} global, peak lr {run.schedule.peak_lr:g} "
+        f"({setup.lr_rule_text(cfg, run.schedule.batch)}), {run.steps_per_epoch} "
+        f"steps/epoch, {run.total_steps} steps, device {run.device}")
+    return rep
+
+
+def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hooks,
+         preempt: Any, rep: Reporter) -> Outcome:
+    """Train until the last step, a stop or preemption; validate at each epoch's end."""
+    cfg, reader, out = run.cfg, run.train_reader, Outcome()
+    window, sums = StepTimes(), MetricSums(run.task.metrics, run.device, training=True)
+    run.model.train()
+    while state.step < run.total_steps and out.stop is None:
+        reader.set_epoch(state.epoch)  # keeps the position when a resumed state is for it
+        hooks.epoch = state.epoch
+        it = iter(reader)
+        for _ in range(min(len(reader) // run.accum, run.total_steps - state.step)):
+            lr = run.schedule.lr(state.step)
+            nan = hooks.before_step(state.step)
+            times = train_step(run, it, lr, sums, state.step, nan, hooks.on_batch)
+            state.advance(run.global_batch)
+            window.add(*times, run.batch * run.accum)
+            out.samples += run.batch * run.accum
+            rep.advance(1)
+            if state.step % cfg.log.every_steps == 0 or state.step == run.total_steps:
+                report_window(run, rep, window, sums, state, lr)  # collective: train metrics
+                window = StepTimes()
+            t0 = time.perf_counter()
+            out.stop = agree_stop(preempt, hooks, state.step)     # collective: hpcdp.preempt
+            window.comm += time.perf_counter() - t0
+            if ckpts.due(state.step, run.total_steps, out.stop is not None):
+                t0 = time.perf_counter()
+                save(ckpts, run, state, rep)                      # collective: hpcdp.rng, save
+                out.excluded += window.exclude(time.perf_counter() - t0)
+            if out.stop:
+                break
+        if hasattr(it, "close"):
+            it.close()  # type: ignore[attr-defined]
+        if out.stop is None and len(reader) // run.accum == 0:
+            t0 = time.perf_counter()
+            out.last_val = validate(run, state, rep)              # collective: val metrics
+            out.excluded += window.exclude(time.perf_counter() - t0)
+            state.epoch += 1
+    return out
+
+
+def agree_stop(preempt: Any, hooks: Hooks, step: int) -> str | None:
+    """Collective on the preemption schedule: why every rank stops after `step`, if it does."""
+    if preempt is not None and preempt.agreed_lagged(
+            step, lambda v: dist.start_allreduce_max_int(v, "hpcdp.preempt")):
+        return "preempted"
+    return hooks.stop_reason(step)
+
+
+def save(ckpts: CheckpointManager, run: setup.Run, state: TrainState, rep: Reporter) -> None:
+    path, note = ckpts.save(run, state)
+    if note:
+        import logging
+
+        logging.getLogger("hpcdp.train").warning(note)
+    rep.info(f"checkpoint written: {path}")
+
+
+def metrics_text(values: dict[str, Any], names: list[str]) -> str:
+    return " ".join(f"{n} {values[n]:.4f}" for n in names if n in values)
+
+
+def report_window(run: setup.Run, rep: Reporter, window: StepTimes, sums: MetricSums,
+                  state: TrainState, lr: float) -> None:
+    """Collective: the task's metrics over ranks, then rank 0 logs and records."""
+    values = sums.reduce("train")
+    values.pop("samples", None)
+    times = window.summary()
+    times["samples_per_s"] *= run.size  # every rank processes the same number of samples
+    spread = (rank_spread(dist.gather_floats(times["busy_ms"], "hpcdp.busy"))  # collective
+              if run.size > 1 else {})
+    record = {"epoch": state.epoch, **values, "lr": lr, **times, **spread}
+    rep.record("train", state.step, record)
+    rep.info(f"step {state.step}/{run.total_steps} epoch {state.epoch} "
+             f"{metrics_text(values, list(values))} lr {lr:.4g} | "
+             f"{times['samples_per_s']:.0f} samples/s, step {times['step_ms']:.1f} ms (data "
+             f"{times['data_ms']:.1f}, compute {times['compute_ms']:.1f}, comm "
+             f"{times['comm_ms']:.1f}){spread_text(spread)}")
+
+
+def validate(run: setup.Run, state: TrainState, rep: Reporter) -> dict[str, Any]:
+    """Collective: every validation sample scored once; rank 0 records and logs."""
+    values = evaluate(run)
+    rep.record("val", state.step, {"epoch": state.epoch, **values})
+    names = [m.name for m in run.task.metrics]
+    rep.info(f"epoch {state.epoch} done at step {state.step}: val "
+             f"{metrics_text(values, names)} ({values['samples']} samples)")
+    return values
+
+
+def report_stop(run: setup.Run, ckpts: CheckpointManager, state: TrainState, reason: str,
+                rep: Reporter) -> int:
+    """Collective: preempted or stopped, the checkpoint is written; requeue the Slurm job.
+
+    Rank 0 decides (hpcdp.preempt.after_stop) and every rank returns its exit status:
+    0 only when training can go on (requeued, or nothing to requeue outside Slurm).
+    """
+    from hpcdp.preempt import after_stop
+
+    p = run.cfg.preempt
+    note, code = after_stop(reason, run.root, p.requeue, p.max_requeues, os.environ,
+                            lambda v: dist.broadcast_object(v, "hpcdp.stop"))
+    rep.info(f"{reason} at step {state.step}: checkpoint written to "
+             f"{ckpts.path(state.step)}{note}")
+    return code
+
+
+def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: Outcome,
+              resumed_from: str | None, rep: Reporter) -> None:
+    """Final validation if the loop did not end on one; rank 0 writes summary.json."""
+    cfg = run.cfg
+    if not out.last_val:  # e.g. max_steps ended mid-epoch, or a finished run resumed
+        out.last_val = validate(run, state, rep)                  # collective: val metrics
+    seconds = time.perf_counter() - out.started - out.excluded
+    throughput = dist.allreduce_sum([out.samples / max(seconds, 1e-9)],
+                                    "hpcdp.throughput")[0]       # collective: throughput
+    final = ckpts.path(state.step)
+    val = {f"val_{k}": v for k, v in out.last_val.items()}
+    summary = {
+        **val, "samples_per_s": throughput, "steps": state.step, "epochs": state.epoch,
+        "world_size": run.size, "task": cfg.task.name, "model": cfg.model.name,
+        "global_batch": run.global_batch, "lr_scaling": cfg.optim.lr_scaling,
+        "peak_lr": run.schedule.peak_lr,
+        "run_dir": str(cfg.run_dir), "checkpoint": str(final) if final.exists() else None,
+        "metrics": str(rep.jsonl_path), "tensorboard": str(rep.tb_dir),
+        "resumed_from": resumed_from,
+    }
+    if run.root:
+        (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rep.info(f"done: val {metrics_text(out.last_val, [m.name for m in run.task.metrics])}, "
+             f"{throughput:.0f} samples/s on {run.size} rank(s), {state.step} steps; outputs "
+             f"in {cfg.run_dir}")

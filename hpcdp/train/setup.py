@@ -1,0 +1,239 @@
+"""Set-up from the config: readers, model, optimizers, schedule. Local: no collectives.
+
+Everything here may fail on one rank only (a file another node cannot see);
+the caller gathers the errors with `dist.agree` before any collective depends
+on the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcdp import schedule as sched
+from hpcdp.config import Config, ConfigError
+from hpcdp.grad_buckets import bucketed
+from hpcdp.hvd_settings import CPU_BUCKET_BYTES
+from hpcdp.tasks import Dataset, Task
+
+log = logging.getLogger("hpcdp.train")
+
+# Readers live until the process ends (see dist.shutdown_and_exit): h5py's File.close
+# on them crashed intermittently at the end of multi-rank runs.
+_KEEP_OPEN: list[Any] = []
+
+
+@dataclass
+class Run:
+    """What every rank built before training: the parts the loop, step and checkpoints use."""
+
+    cfg: Config
+    task: Task
+    device: torch.device
+    rank: int
+    size: int
+    batch: int  # per rank and backward pass
+    train_reader: Any
+    val_reader: Any
+    model: torch.nn.Module
+    optimizers: list[Any]  # each averages its gradients over ranks (see `distributed`)
+    scaler: Any
+    schedule: sched.Schedule
+    steps_per_epoch: int
+    total_steps: int
+
+    @property
+    def accum(self) -> int:
+        return self.cfg.horovod.backward_passes_per_step
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.batch * self.size * self.accum
+
+    @property
+    def root(self) -> bool:
+        return self.rank == 0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def per_rank_batch(cfg: Config, size: int) -> int:
+    """data.global_batch_size split over the ranks (must divide), else data.batch_size."""
+    g = cfg.data.global_batch_size
+    if not g:
+        return cfg.data.batch_size
+    if g % size:
+        raise ConfigError(
+            f"data.global_batch_size={g} does not divide over {size} ranks "
+            f"(choose a multiple of {size}, or set data.batch_size per rank)"
+        )
+    return g // size
+
+
+def uneven_steps_error(steps_per_rank: list[int]) -> str | None:
+    """Why the ranks must not start when they would take different numbers of steps.
+
+    Every step ends in collectives; a rank that runs out of data first would leave
+    the others waiting forever. The sharded reader gives equal steps by construction;
+    this guards any other data source (pure, on what every rank gathered).
+    """
+    if len(set(steps_per_rank)) <= 1:
+        return None
+    listed = ", ".join(f"rank {r}: {n}" for r, n in enumerate(steps_per_rank))
+    return (f"the ranks would take different numbers of training steps per epoch ({listed}); "
+            "uneven data would hang the job at the first step one rank does not reach")
+
+
+def check_runtime(cfg: Config, device: torch.device, size: int) -> None:
+    """Options this device or world cannot honour."""
+    if cfg.run.precision == "fp16" and device.type != "cuda":
+        raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 here)")
+    if cfg.model.sync_bn and size > 1 and device.type != "cuda":
+        raise ConfigError("model.sync_bn=true needs GPUs: Horovod's SyncBatchNorm "
+                          "takes CUDA tensors only")
+
+
+def check_kinds(path: Path, wanted: list[Dataset]) -> None:
+    """Each dataset the task reads has a dtype kind the task accepts."""
+    from hpcdp.data.reader import ReaderError, open_h5
+
+    with open_h5(str(path)) as f:
+        for d in wanted:
+            kind = f[d.name].dtype.kind if d.name in f else None
+            if kind is not None and kind not in d.kinds:
+                raise ReaderError(f"{path}: {d.role} dataset {d.name!r} has dtype "
+                                  f"{f[d.name].dtype}, which this task cannot use")
+
+
+def readers(cfg: Config, task: Task, rank: int, size: int,
+            device: torch.device) -> tuple[Any, Any, int]:
+    """The training reader (shuffled, equal steps) and the validation reader (every sample)."""
+    from hpcdp.data.reader import ShardedReader, validate_dataset
+    from hpcdp.data.slices import SliceReader
+
+    batch = per_rank_batch(cfg, size)
+    accum = cfg.horovod.backward_passes_per_step
+    root = Path(cfg.data.path)
+    train_path, val_path = root / cfg.data.train_file, root / cfg.data.val_file
+    wanted = list(task.datasets(cfg))
+    if not 1 <= len(wanted) <= 2:  # the sharded reader reads samples and optional labels
+        raise ConfigError(f"task {task.name!r} reads {len(wanted)} datasets; the training "
+                          "reader reads one or two (samples, labels)")
+    x_name, y_name = wanted[0].name, wanted[1].name if len(wanted) > 1 else None
+    info = validate_dataset(train_path, x_name, y_name, min_samples=batch * size * accum)
+    val_info = validate_dataset(val_path, x_name, y_name)
+    for path in (train_path, val_path):
+        check_kinds(path, wanted)
+    train_reader = ShardedReader(
+        train_path, batch_size=batch, rank=rank, world_size=size, seed=cfg.run.seed,
+        x_name=x_name, y_name=y_name, prefetch=cfg.data.prefetch,
+        pin_memory=device.type == "cuda", window_samples=cfg.data.window_samples or None,
+        virtual_shards=cfg.data.virtual_shards or None)
+    val_reader = SliceReader(val_path, [d.name for d in wanted],
+                             batch_size=cfg.data.val_batch_size or batch, rank=rank,
+                             world_size=size)
+    _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py
+    if train_reader.steps_per_epoch < accum:
+        raise ConfigError(f"{train_path}: {train_reader.steps_per_epoch} batches per epoch, "
+                          f"fewer than horovod.backward_passes_per_step={accum}")
+    if tuple(val_info.sample_shape) != tuple(info.sample_shape):
+        raise ConfigError(f"{val_path}: samples shaped {val_info.sample_shape}, but "
+                          f"{train_path} has {info.sample_shape}")
+    return train_reader, val_reader, batch
+
+
+def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
+          device: torch.device) -> torch.nn.Module:
+    """The task's model on `device`, the same initial weights everywhere (broadcast anyway)."""
+    torch.manual_seed(cfg.run.seed)
+    net = task.build_model(cfg, sample_shape)
+    if cfg.model.sync_bn and device.type == "cuda":
+        from hpcdp import dist
+        from hpcdp.models import convert_sync_batchnorm
+
+        net = convert_sync_batchnorm(net, dist.sync_batchnorm_class())
+    return net.to(device)
+
+
+def bucket_bytes(cfg: Config, device: torch.device) -> int:
+    """Flat gradient bucket size in bytes, or 0 for Horovod's DistributedOptimizer."""
+    hc = cfg.horovod
+    if hc.op == "adasum" or hc.compression != "none" or hc.bucket_mb == 0:
+        return 0
+    if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.grad_buckets)
+        return 0 if device.type == "cuda" else CPU_BUCKET_BYTES
+    return max(1, int(hc.bucket_mb * (1 << 20)))
+
+
+def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module,
+                device: torch.device, size: int) -> Any:
+    """`base` wrapped to average gradients over ranks: flat buckets, or Horovod's own.
+
+    Both wrappers build a new optimizer over the same parameter groups: use only
+    the wrapper from here on.
+    """
+    from hpcdp import dist
+
+    nbytes = bucket_bytes(cfg, device)
+    if nbytes and size > 1:  # one rank has nothing to average: no copies then
+        try:
+            return bucketed(base, nbytes, cfg.horovod.backward_passes_per_step,
+                            cfg.horovod.gradient_predivide_factor)
+        except ValueError as e:  # parameters of several dtypes or devices
+            log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
+    mine = {id(p) for group in base.param_groups for p in group["params"]}
+    named = [(n, p) for n, p in model.named_parameters() if id(p) in mine]
+    return dist.distributed_optimizer(base, named, cfg.horovod)
+
+
+def schedule(cfg: Config, steps_per_epoch: int, batch: int, size: int) -> sched.Schedule:
+    """The learning rate as a function of the optimizer step, from the config's epochs.
+
+    The peak follows the global batch (optim.lr is stated for optim.ref_batch), never
+    the number of ranks.
+    """
+    o, s = cfg.optim, cfg.schedule
+    update = sched.update_batch(batch, size, cfg.horovod.backward_passes_per_step,
+                                cfg.horovod.op == "adasum")
+    scale = sched.lr_scale(o.lr_scaling, update, o.ref_batch)
+    return sched.from_epochs(o.lr, scale, s.kind, steps_per_epoch, cfg.run.epochs,
+                             s.warmup_epochs, s.warmup_start_factor, s.min_factor,
+                             s.milestones, s.gamma, rule=o.lr_scaling, batch=update,
+                             ref_batch=o.ref_batch)
+
+
+def lr_rule_text(cfg: Config, update_batch: int) -> str:
+    """How the peak rate came about, for the start line: 'linear: 0.05 x 64/32'."""
+    o = cfg.optim
+    if o.lr_scaling == "none":
+        return "lr_scaling none"
+    ratio = f"{update_batch}/{o.ref_batch}"
+    factor = ratio if o.lr_scaling == "linear" else f"sqrt({ratio})"
+    return f"{o.lr_scaling}: {o.lr:g} x {factor}"
+
+
+def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -> Run:
+    """Every part of the run on this rank; raises on bad data or options (no collectives)."""
+    check_runtime(cfg, device, size)
+    train_reader, val_reader, batch = readers(cfg, task, rank, size, device)
+    net = model(cfg, task, tuple(train_reader.sample_shape), device)
+    seed_everything(cfg.run.seed + rank)  # per-rank streams for anything random later
+    optimizers = [distributed(cfg, opt, net, device, size) for opt in task.optimizers(cfg, net)]
+    scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None
+    steps_per_epoch = train_reader.steps_per_epoch // cfg.horovod.backward_passes_per_step
+    total_steps = cfg.run.epochs * steps_per_epoch
+    if cfg.run.max_steps:
+        total_steps = min(total_steps, cfg.run.max_steps)
+    return Run(cfg, task, device, rank, size, batch, train_reader, val_reader, net, optimizers,
+               scaler, schedule(cfg, steps_per_epoch, batch, size), steps_per_epoch, total_steps)

@@ -1,0 +1,139 @@
+"""One optimizer step: forward, loss, backward over the accumulated batches, the update.
+
+Also where the NaN policy lives (`run.on_nan`) and the mixed-precision context.
+No collective of its own: the gradient all-reduces run inside the optimizer
+wrappers (hooks during backward, then `synchronize()`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, nullcontext
+from typing import Any
+
+import torch
+
+from hpcdp import faults, watchdog
+from hpcdp import schedule as sched
+from hpcdp.config import Config
+from hpcdp.train.evaluate import MetricSums
+from hpcdp.train.setup import Run
+
+log = logging.getLogger("hpcdp.train")
+
+OnBatch = Callable[[Any, int], None]
+
+
+def autocast(cfg: Config, device: torch.device) -> Any:
+    if cfg.run.precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if cfg.run.precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def forward_backward(run: Run, batch: Any, sums: MetricSums, nan: bool) -> None:
+    """One batch: the task's loss, scaled for accumulation, backward; metrics added."""
+    inputs, targets = run.task.prepare(batch, run.cfg, run.device)
+    watchdog.phase("forward")
+    with autocast(run.cfg, run.device):
+        out = run.model(inputs)
+        loss = run.task.loss(out, targets)
+        if nan:  # an injected fault (tests)
+            loss = faults.poison(loss)
+    scaled = loss / run.accum
+    watchdog.phase("backward")
+    (run.scaler.scale(scaled) if run.scaler is not None else scaled).backward()
+    with torch.no_grad():
+        sums.add(run.task.measure(out, targets, loss), run.task.count(targets))
+
+
+def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: int,
+               nan: bool = False, on_batch: OnBatch | None = None) -> tuple[float, float, float]:
+    """One optimizer step over `accum` batches; returns (data, compute, comm) seconds.
+
+    Horovod all-reduces gradients during backward; `synchronize()` waits for what
+    did not overlap (counted as communication), then the step runs without a
+    second synchronization (the pattern Horovod documents for AMP and clipping).
+    Horovod's Adasum optimizer (several ranks) instead steps inside its hooks.
+    """
+    t_data = t_compute = 0.0
+    for opt in run.optimizers:
+        opt.zero_grad()
+        sched.set_lr(opt, lr)  # before backward: Adasum applies the local step in its hooks
+    for _ in range(run.accum):
+        t0 = time.perf_counter()
+        watchdog.phase("data")
+        batch = next(it)
+        if on_batch is not None:
+            on_batch(batch, step)
+        t1 = time.perf_counter()
+        forward_backward(run, batch, sums, nan)
+        t_data += t1 - t0
+        t_compute += time.perf_counter() - t1
+    t2 = time.perf_counter()
+    watchdog.enter_collective("allreduce gradients")  # waits for what backward sent
+    if run.cfg.horovod.op == "adasum" and run.size > 1:
+        for opt in run.optimizers:  # step() waits for the combined deltas and applies them
+            opt.step()
+        if not finite(p.data for p in run.model.parameters()):
+            raise nonfinite(step, run.cfg, "weights after an Adasum step", can_skip=False)
+        return t_data, t_compute, time.perf_counter() - t2
+    for opt in run.optimizers:
+        opt.synchronize()
+    t3 = time.perf_counter()
+    watchdog.phase("optimizer")
+    update(run, step)
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    return t_data, t_compute + time.perf_counter() - t3, t3 - t2
+
+
+def update(run: Run, step: int) -> None:
+    """Apply the averaged gradients, unless they are not finite (run.on_nan decides).
+
+    Gradients are averaged over ranks by now, so one rank's NaN is on every rank:
+    each decides alike without another collective. (A GradScaler skips such steps.)
+    """
+    ok = run.scaler is not None or finite(
+        p.grad for p in run.model.parameters() if p.grad is not None)
+    if not ok:
+        if run.cfg.run.on_nan == "stop":
+            raise nonfinite(step, run.cfg, "loss or gradients", can_skip=True)
+        log.warning(f"step {step}: non-finite loss or gradients on some rank; update skipped "
+                    "(run.on_nan='skip')")
+        return
+    with ExitStack() as stack:
+        for opt in run.optimizers:
+            stack.enter_context(opt.skip_synchronize())
+        for opt in run.optimizers:
+            if run.scaler is not None:
+                run.scaler.step(opt)
+            else:
+                opt.step()
+        if run.scaler is not None:
+            run.scaler.update()
+
+
+def finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every value is finite: one sum per tensor, one device sync for all.
+
+    NaN and inf survive a sum (inf - inf is NaN), so a finite total means finite
+    values. A sum can also overflow, but only for values around 1e32 and up, as
+    fatal to training as inf. Every tensor is summed in fp32: per step this is
+    far cheaper than isfinite() on every value.
+    """
+    sums = [t.sum(dtype=torch.float32) for t in tensors]
+    return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
+
+
+def nonfinite(step: int, cfg: Config, what: str, can_skip: bool) -> Exception:
+    """The error every rank raises together when training produced NaN/inf (no save)."""
+    from hpcdp.dist import AgreedError
+
+    hint = " or set run.on_nan=skip to skip such updates" if can_skip else ""
+    return AgreedError(
+        f"step {step}: non-finite (NaN/inf) {what}; stopping without writing a checkpoint "
+        f"(run.on_nan={cfg.run.on_nan!r}). The checkpoints in {cfg.checkpoint_dir} are "
+        f"untouched: rerun to resume from the newest{hint}")
