@@ -72,3 +72,14 @@ def test_loss_is_bce_on_logits_and_bad_options_are_named() -> None:
         make_optimizers(DLRM(13, SIZES), "sgd")
     with pytest.raises(ValueError, match="at least one row"):
         DLRM(13, [3, 0])
+
+
+def test_coalesced_table_gradients_hold_one_row_per_distinct_id() -> None:
+    from hpcdp.recsys.grads import coalesce_table_grads, unique_rows
+
+    model = DLRM(13, SIZES, embed_dim=4)
+    coalesce_table_grads(model)
+    dense, ids, label = batch(40)
+    loss_fn(model(dense, ids), label).backward()
+    for j, (_, p) in enumerate(split_params(model)[0]):
+        assert p.grad.is_coalesced() and p.grad._nnz() == unique_rows(ids)[j] < 40
