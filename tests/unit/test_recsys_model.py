@@ -82,4 +82,6 @@ def test_coalesced_table_gradients_hold_one_row_per_distinct_id() -> None:
     dense, ids, label = batch(40)
     loss_fn(model(dense, ids), label).backward()
     for j, (_, p) in enumerate(split_params(model)[0]):
-        assert p.grad.is_coalesced() and p.grad._nnz() == unique_rows(ids)[j] < 40
+        # What Horovod's sparse path sends: the gradient's stored rows (indices and values).
+        # (AccumulateGrad copies the gradient and drops the coalesced flag, not the summing.)
+        assert p.grad._nnz() == unique_rows(ids)[j] < 40
