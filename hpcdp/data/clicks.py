@@ -51,14 +51,14 @@ class ClickSpecError(ValueError):
 class ClickSpec:
     """Everything the log depends on; stored in the files as `source_params`."""
 
-    rows: int = 400_000
+    rows: int = 600_000
     val_rows: int = 50_000
     seed: int = 0
-    users: int = 2_000
-    items: int = 1_000
+    users: int = 1_000
+    items: int = 500
     min_table: int = 10
     max_table: int = 100_000
-    latent_dim: int = 8
+    latent_dim: int = 4
     zipf: float = 1.05
     click_rate: float = 0.25
 

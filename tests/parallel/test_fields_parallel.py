@@ -31,11 +31,11 @@ def make_file(path: Path) -> Path:
 def test_two_ranks_then_one_rank_read_one_epoch_once(ranks, tmp_path: Path) -> None:
     path = make_file(tmp_path / "c.h5")
     out = tmp_path / "two"
-    ranks("fields_reader", str(path), "--seed", "6", "--window", "80", "--steps", "9",
+    ranks("fields_reader", str(path), "--seed", "6", "--window", "24", "--steps", "9",
           "--out", str(out), np=2, timeout=120)
     head = np.load(f"{out}.npy")
     state = json.loads(Path(f"{out}.json").read_text())
-    whole = pt.global_order(N, CHUNK, 6, 1, 48, 24, 80)
+    whole = pt.global_order(N, CHUNK, 6, 1, 48, 24, 24)
     np.testing.assert_array_equal(head, whole[:9])
     # Resume the 2-rank state on one rank (same global batch): the rest of the epoch.
     with FieldReader(path, ("dense", "sparse", "label"), batch_size=48, seed=6) as one:

@@ -49,7 +49,7 @@ def test_shapes_dtypes_and_ids_inside_their_tables(world: ck.ClickWorld) -> None
 
 def test_table_sizes_span_small_to_large() -> None:
     sizes = ck.table_sizes(ck.ClickSpec(max_table=10**6))
-    assert sizes[:2] == [2000, 1000]
+    assert sizes[:2] == [1000, 500]
     assert min(sizes[2:]) == 10 and max(sizes[2:]) == 10**6
     assert ck.side_table_sizes(3, 10, 1000) == [10, 100, 1000]
 

@@ -47,11 +47,12 @@ def read_rows(reader: FieldReader, steps: int | None = None) -> np.ndarray:
 @pytest.mark.parametrize("mmap", [True, False])
 def test_fields_come_aligned_in_the_single_readers_order(tmp_path: Path, mmap: bool) -> None:
     path = make_file(tmp_path / "c.h5")
-    with FieldReader(path, FIELDS, batch_size=48, seed=5, window_samples=100, mmap=mmap) as r:
+    # A window shorter than a stream (1000 // 48 * 48 / 24 = 40 rows), so that it shuffles.
+    with FieldReader(path, FIELDS, batch_size=48, seed=5, window_samples=24, mmap=mmap) as r:
         assert r.mapped is mmap
         r.set_epoch(2)
         got = read_rows(r)
-    np.testing.assert_array_equal(got, pt.global_order(N, CHUNK, 5, 2, 48, 24, 100))
+    np.testing.assert_array_equal(got, pt.global_order(N, CHUNK, 5, 2, 48, 24, 24))
 
 
 def test_each_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
@@ -59,10 +60,10 @@ def test_each_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
     parts = []
     for rank in range(2):
         with FieldReader(path, FIELDS, batch_size=24, rank=rank, world_size=2, seed=1,
-                         window_samples=64) as r:
+                         window_samples=16) as r:
             parts.append(read_rows(r))
     np.testing.assert_array_equal(np.concatenate(parts, axis=1),
-                                  pt.global_order(N, CHUNK, 1, 0, 48, 24, 64))
+                                  pt.global_order(N, CHUNK, 1, 0, 48, 24, 16))
 
 
 def test_resume_mid_epoch_continues_exactly(tmp_path: Path) -> None:
