@@ -92,12 +92,19 @@ SPARSE_OPTIMIZERS = ("adagrad", "sparse_adam")
 
 
 def make_optimizers(model: nn.Module, sparse: str = "adagrad", sparse_lr: float = 0.05,
-                    dense_lr: float = 1e-3) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
-    """(optimizer of the tables, Adam of the MLPs)."""
+                    dense_lr: float = 1e-3, initial_accumulator: float = 0.0,
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """(optimizer of the tables, Adam of the MLPs).
+
+    `initial_accumulator` (Adagrad only) damps the first steps of a row: without it,
+    Adagrad's first step on a rarely seen row is about the learning rate whatever
+    the gradient, which lets rare ids memorize their few labels (docs/recsys.md).
+    """
     tables, rest = split_params(model)
     table_params = [p for _, p in tables]
     if sparse == "adagrad":
-        sparse_opt: torch.optim.Optimizer = torch.optim.Adagrad(table_params, lr=sparse_lr)
+        sparse_opt: torch.optim.Optimizer = torch.optim.Adagrad(
+            table_params, lr=sparse_lr, initial_accumulator_value=initial_accumulator)
     elif sparse == "sparse_adam":
         sparse_opt = torch.optim.SparseAdam(table_params, lr=sparse_lr)
     else:

@@ -85,3 +85,17 @@ def test_coalesced_table_gradients_hold_one_row_per_distinct_id() -> None:
         # What Horovod's sparse path sends: the gradient's stored rows (indices and values).
         # (AccumulateGrad copies the gradient and drops the coalesced flag, not the summing.)
         assert p.grad._nnz() == unique_rows(ids)[j] < 40
+
+
+def test_a_damped_adagrad_takes_a_smaller_first_step() -> None:
+    steps = []
+    for acc in (0.0, 1.0):
+        model = DLRM(13, SIZES, embed_dim=4)
+        sparse_opt, _ = make_optimizers(model, "adagrad", initial_accumulator=acc)
+        before = model.embeddings[0].weight.detach().clone()
+        dense, ids, label = batch()
+        loss_fn(model(dense, ids), label).backward()
+        sparse_opt.step()
+        steps.append(float((model.embeddings[0].weight.detach() - before).abs().max()))
+    assert steps[0] == pytest.approx(0.05, rel=1e-3)  # lr x sign(g): the gradient's size is lost
+    assert steps[1] < steps[0] / 10
