@@ -46,14 +46,13 @@ def distribute(model: nn.Module, sparse_opt: torch.optim.Optimizer,
     """Both optimizers wrapped in Horovod's `DistributedOptimizer`, the tables by `mode`.
 
     Call `coalesce_table_grads(model)` once first for the sparse mode's byte count.
+    In the dense mode Horovod turns the averaged gradient back into a sparse one
+    before the step, so either table optimizer (Adagrad, SparseAdam) works in both.
     """
     import horovod.torch as hvd
 
     if mode not in GRAD_MODES:
         raise ValueError(f"gradient mode {mode!r}: choose one of {', '.join(GRAD_MODES)}")
-    if mode == "dense" and isinstance(sparse_opt, torch.optim.SparseAdam):
-        raise ValueError("SparseAdam takes sparse gradients only; with the dense gradient mode "
-                         "use the adagrad table optimizer")
     tables, rest = split_params(model)
     sparse = hvd.DistributedOptimizer(sparse_opt, named_parameters=tables,
                                       sparse_as_dense=mode == "dense", op=hvd.Average)

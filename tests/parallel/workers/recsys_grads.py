@@ -42,10 +42,10 @@ def fresh(sizes: list[int]) -> DLRM:
 
 
 def train(mode: str, sizes: list[int], tensors: list[torch.Tensor], steps: int, batch: int,
-          rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+          rank: int, world: int, table_opt: str = "adagrad") -> tuple[torch.Tensor, list[int]]:
     """Final parameters (flattened) and this rank's table payload per step."""
     model = fresh(sizes)
-    sparse_opt, dense_opt = make_optimizers(model, "adagrad", 0.05, 1e-3)
+    sparse_opt, dense_opt = make_optimizers(model, table_opt, 0.05, 1e-3)
     if mode != "single":
         grads.coalesce_table_grads(model)
         sparse_opt, dense_opt = grads.distribute(model, sparse_opt, dense_opt, mode)
@@ -92,6 +92,10 @@ def main() -> int:
         same = hvd.allgather_object(results[mode].numpy().tobytes(), name=f"same.{mode}")
         assert all(s == same[0] for s in same), f"{mode}: ranks hold different parameters"
     results["single"], _ = train("single", sizes, tensors, args.steps, args.batch * size, 0, 1)
+    # SparseAdam too: Horovod hands the dense mode's average back as a sparse gradient.
+    for mode in grads.GRAD_MODES:
+        results[f"adam_{mode}"], _ = train(mode, sizes, tensors, args.steps, args.batch, rank,
+                                           size, "sparse_adam")
     # Control: one process with the per-rank batch takes other steps.
     results["half"], _ = train("single", sizes, tensors, args.steps, args.batch, 0, 1)
     if rank == 0:
@@ -99,11 +103,15 @@ def main() -> int:
                 for a, b in (("sparse", "dense"), ("sparse", "single"), ("dense", "single"))}
         diff["moved"] = float((results["sparse"] - start).abs().max())
         diff["single-half"] = float((results["single"] - results["half"]).abs().max())
+        diff["adam_sparse-adam_dense"] = float(
+            (results["adam_sparse"] - results["adam_dense"]).abs().max())
+        diff["adam-adagrad"] = float((results["adam_sparse"] - results["sparse"]).abs().max())
         # The modes: the same sums in another order (1e-5). Against one process the
         # batch mean is summed in another order too, and Adam and Adagrad divide by the
         # gradients' running size, so the tolerance of the image workload's test.
         ok = {k: bool(torch.allclose(results[a], results[b], rtol=rtol, atol=1e-5))
               for k, (a, b, rtol) in {"sparse-dense": ("sparse", "dense", 1e-5),
+                                      "adam_sparse-adam_dense": ("adam_sparse", "adam_dense", 1e-5),
                                       "sparse-single": ("sparse", "single", 1e-4),
                                       "dense-single": ("dense", "single", 1e-4)}.items()}
         with open(args.out, "w") as fh:
