@@ -64,3 +64,18 @@ def test_an_existing_output_is_kept_unless_overwrite(ranks, tmp_path: Path) -> N
     after = {p.name: _digest(p) for p in out.glob("*.h5")}
     assert after.keys() == before.keys() and after["train.h5"] != before["train.h5"]
     assert not list(out.glob(".*tmp*"))
+
+
+def test_a_bad_click_file_is_named_on_every_rank(ranks, tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    ranks([sys.executable, str(SCRIPT)], "--out", str(out), "--rows", "3000", "--val-rows", "0",
+          "--users", "20", "--items", "20", "--max-table", "100", np=2, timeout=120)
+    ranks("clicks_check", str(out / "train.h5"), np=2, timeout=60)
+    with h5py.File(out / "train.h5", "r+") as f:
+        f["sparse"][1234, 0] = 20  # the user table has 20 rows
+    run = ranks("clicks_check", str(out / "train.h5"), np=2, timeout=60, expect_ok=False)
+    assert not run.timed_out and run.returncode != 0, run.describe()
+    for rank in (0, 1):
+        assert (f"[rank {rank}] error: field 'user' (column 0 of 'sparse'): id 20 is outside "
+                f"its table of 20 rows, in rows [0, 3000) of {out}/train.h5 (first at row 1234)"
+                in run.output), run.describe()
