@@ -21,7 +21,7 @@ any number of writers, each asking for its own row range, produce the same file.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any
 
@@ -224,15 +224,14 @@ class ClickWorld:
             lo = k * GEN_ROWS
             blk = self.block(split, k, min(GEN_ROWS, total - lo))
             a, b = max(start, lo) - lo, min(stop, lo + GEN_ROWS) - lo
-            parts.append(Rows(*(getattr(blk, f)[a:b] for f in Rows.__dataclass_fields__)))
+            parts.append(Rows(*(getattr(blk, f.name)[a:b] for f in fields(Rows))))
         if len(parts) == 1:
             return parts[0]
         if not parts:
             return Rows(np.zeros((0, DENSE_FEATURES), np.float32),
                         np.zeros((0, len(self.sizes)), np.int32), np.zeros(0, np.uint8),
                         np.zeros(0), np.zeros(0))
-        return Rows(*(np.concatenate([getattr(p, f) for p in parts])
-                      for f in Rows.__dataclass_fields__))
+        return Rows(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Rows)))
 
 
 def reference_aucs(label: np.ndarray, prob: np.ndarray, popularity: np.ndarray) -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 
@@ -24,8 +26,8 @@ def test_rows_do_not_depend_on_how_the_file_is_cut(world: ck.ClickWorld) -> None
     whole = world.rows("train", 1000, 21000)
     cuts = [1000, 1001, 8192, 9000, 16384, 21000]
     parts = [world.rows("train", a, b) for a, b in zip(cuts[:-1], cuts[1:])]
-    joined = ck.Rows(*(np.concatenate([getattr(p, f) for p in parts])
-                       for f in ck.Rows.__dataclass_fields__))
+    joined = ck.Rows(*(np.concatenate([getattr(p, f.name) for p in parts])
+                       for f in fields(ck.Rows)))
     _equal(whole, joined)
     # A fresh world from the same spec (another rank, another run) gives the same rows.
     _equal(whole, ck.ClickWorld(SMALL).calibrate().rows("train", 1000, 21000))
