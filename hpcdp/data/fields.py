@@ -1,0 +1,162 @@
+"""Several row-aligned datasets of one file (dense, sparse, label, ...) read as one sample.
+
+`FieldReader` runs one `ShardedReader` per field over the same sample order and
+hands out their batches together. The order of a `ShardedReader` is a function
+of (rows, block, seed, epoch, global batch, virtual shards, window, position)
+only (`hpcdp.data.partition`), so readers that agree on those serve row i of
+every field in the same batch slot: this module passes the same seed, window
+and virtual shards to each, checks that the fields have the same rows and the
+same rows per chunk, and moves their epoch and resume state together. Every
+guarantee of the single reader (whole-chunk reads, the shuffle window, an order
+independent of the world size, exact resume also into another world size)
+therefore holds per field and, with the checks, across fields.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from hpcdp.data import partition as pt
+from hpcdp.data.reader import (
+    DatasetInfo,
+    ReaderError,
+    ShardedReader,
+    default_window,
+    validate_dataset,
+)
+
+
+def validate_fields(path: str, fields: Sequence[str], min_samples: int = 1) -> list[DatasetInfo]:
+    """Each field's dataset, checked; `ReaderError` when they cannot be read row-aligned."""
+    if not fields:
+        raise ReaderError(f"{path}: no fields to read")
+    if len(set(fields)) != len(fields):
+        raise ReaderError(f"{path}: a field is named twice in {list(fields)}")
+    infos = [validate_dataset(path, name, None, min_samples) for name in fields]
+    first = infos[0]
+    for info in infos[1:]:
+        if info.num_samples != first.num_samples:
+            raise ReaderError(f"{path}: field {info.x_name!r} has {info.num_samples} rows but "
+                              f"{first.x_name!r} has {first.num_samples}")
+        if info.block != first.block:
+            raise ReaderError(
+                f"{path}: field {info.x_name!r} is chunked by {info.block} rows but "
+                f"{first.x_name!r} by {first.block}: row-aligned fields need the same rows "
+                "per chunk (their sample orders are built from whole chunks)")
+    return infos
+
+
+class FieldReader:
+    """This rank's share of several row-aligned datasets, as tuples of batches, one per field.
+
+    Arguments as for `ShardedReader` (`batch_size` per rank); iteration yields a
+    tuple of tensors in the order of `fields`, each of `batch_size` rows, row k of
+    each from the same file row. The state is a `ShardedReader` state.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        fields: Sequence[str],
+        *,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        window_samples: int | None = None,
+        virtual_shards: int | None = None,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+        mmap: bool | None = None,
+    ) -> None:
+        path = os.fspath(path)
+        self.fields = tuple(fields)
+        if batch_size < 1 or world_size < 1:
+            raise ReaderError(f"{path}: batch_size and world_size must be at least 1")
+        global_batch = batch_size * world_size
+        self.infos = validate_fields(path, self.fields, min_samples=global_batch)
+        row_bytes = sum(info.sample_bytes for info in self.infos)
+        window = window_samples or default_window(self.infos[0].block, row_bytes)
+        if virtual_shards is None:
+            try:
+                virtual_shards = pt.default_virtual_shards(global_batch, world_size)
+            except pt.PartitionError as exc:
+                raise ReaderError(f"{path}: {exc}") from exc
+        self.readers = [
+            ShardedReader(path, batch_size=batch_size, rank=rank, world_size=world_size,
+                          seed=seed, x_name=name, y_name=None, window_samples=window,
+                          virtual_shards=virtual_shards, prefetch=prefetch,
+                          pin_memory=pin_memory, mmap=mmap)
+            for name in self.fields
+        ]
+        self.path = path
+
+    @property
+    def lead(self) -> ShardedReader:
+        """The first field's reader: its layout and state stand for all."""
+        return self.readers[0]
+
+    @property
+    def num_samples(self) -> int:
+        return self.lead.num_samples
+
+    @property
+    def batch_size(self) -> int:
+        return self.lead.batch_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.lead.steps_per_epoch
+
+    @property
+    def window(self) -> int:
+        return self.lead.window
+
+    @property
+    def virtual_shards(self) -> int:
+        return self.lead.virtual_shards
+
+    @property
+    def epoch(self) -> int:
+        return self.lead.epoch
+
+    @property
+    def mapped(self) -> bool:
+        return all(r.mapped for r in self.readers)
+
+    def __len__(self) -> int:
+        return len(self.lead)
+
+    def set_epoch(self, epoch: int) -> None:
+        for r in self.readers:
+            r.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        return self.lead.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for r in self.readers:
+            r.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        iters = [iter(r) for r in self.readers]
+        try:
+            for parts in zip(*iters):
+                yield tuple(x for x, _ in parts)
+        finally:
+            for it in iters:
+                it.close()  # stop every field's prefetch when the consumer leaves early
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+    def __enter__(self) -> FieldReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
