@@ -214,7 +214,7 @@ def test_cancelled_job_checkpoints_and_stays_cancelled(slurm_cluster: Cluster, d
     text = job.output()
     m = re.search(r"preempted at step (\d+): checkpoint written to (\S+)", text)
     assert m, f"no checkpoint reported after the TERM\n{job.describe()}"
-    assert 10 <= int(m[1]) < STEPS
+    assert 10 <= int(m[1]) <= STEPS  # the agreed stop may fall on the last step
     path = Path(m[2].rstrip(","))
     assert ckpt.decode(ckpt.read_verified(path), str(path))["step"] == int(m[1])
     # The training side: a cancelled job stays cancelled.
