@@ -41,7 +41,7 @@ def test_an_unreadable_file_is_skipped_but_not_moved(tmp_path: Path, monkeypatch
 
     real = ck.read_verified
 
-    def refuse(path: Path, trust: ck.Trust = ck.Trust()) -> bytes:
+    def refuse(path: Path, trust: ck.Trust) -> bytes:
         if path == m.path(2):
             raise ck.CheckpointError(f"checkpoint {str(path)!r} cannot be read: denied")
         return real(path, trust)
