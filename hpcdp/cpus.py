@@ -20,8 +20,9 @@ class CpuView:
 
     `affinity`: the CPUs of its affinity mask. `pool`: the CPUs of its cpuset
     (every online CPU when none is set): a mask smaller than the pool means a
-    launcher bound the process. `quota`: the cgroup's CPU bandwidth limit in
-    CPUs (1.5 = 150 ms of CPU time per 100 ms), None when unlimited.
+    launcher bound the process, or the whole job was narrowed. `quota`: the
+    cgroup's CPU bandwidth limit in CPUs (1.5 = 150 ms of CPU time per 100 ms),
+    None when unlimited.
     """
 
     affinity: frozenset[int]
@@ -29,8 +30,8 @@ class CpuView:
     quota: float | None = None
 
     @property
-    def bound(self) -> bool:
-        """Whether a launcher narrowed this process to part of its cpuset."""
+    def narrowed(self) -> bool:
+        """Whether something (a launcher's binding, taskset) narrowed the mask below the cpuset."""
         return bool(self.affinity) and self.affinity < self.pool
 
 

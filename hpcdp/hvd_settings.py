@@ -179,6 +179,28 @@ def local_ranks(environ: Mapping[str, str]) -> int:
     return 1
 
 
+def bound_alone(view: CpuView, ranks: int, environ: Mapping[str, str]) -> bool:
+    """Whether this rank's mask is its own (the launcher bound each rank to its CPUs)
+    rather than shared with the node's other ranks (pure).
+
+    Only a mask narrower than the cpuset can be a binding. Known launchers say
+    whether they bound: Open MPI's mpirun (`OMPI_MCA_orte_bound_at_launch`; horovodrun
+    passes `-bind-to none`), horovodrun --gloo (never), srun (`SLURM_CPU_BIND_TYPE`).
+    Otherwise (taskset around a job, another launcher) the masks are taken as the
+    ranks' own only when that many disjoint masks fit in the cpuset.
+    """
+    if not view.narrowed:
+        return False
+    if "OMPI_COMM_WORLD_LOCAL_SIZE" in environ:
+        return environ.get("OMPI_MCA_orte_bound_at_launch", "") == "1"
+    if "HOROVOD_LOCAL_SIZE" in environ:
+        return False
+    if "SLURM_STEP_ID" in environ or "SLURM_STEP_TASKS_PER_NODE" in environ:
+        kind = environ.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+        return bool(kind) and not kind.startswith("none")
+    return len(view.affinity) * ranks <= len(view.pool)
+
+
 @dataclass(frozen=True)
 class RuntimePlan:
     """Threads and yielding for one rank, why, and what to put into its environment."""
@@ -207,13 +229,13 @@ def _cpus(n: float) -> str:
     return f"{n:g} CPU" + ("" if n == 1 else "s")
 
 
-def _threads_reason(view: CpuView, sharers: int, ranks: int, cpus: float) -> str:
+def _threads_reason(view: CpuView, bound: bool, sharers: int, ranks: int, cpus: float) -> str:
     if cpus < len(view.affinity) and view.quota is not None:  # the quota, not the mask, limits
         quota = f"cgroup quota {_cpus(view.quota)}"
         return f"{quota} / {ranks} local ranks" if ranks > 1 else quota
     if sharers > 1:
         return f"{_cpus(cpus)} / {sharers} local ranks"
-    return f"{_cpus(cpus)} bound to this rank" if view.bound else _cpus(cpus)
+    return f"{_cpus(cpus)} bound to this rank" if bound else _cpus(cpus)
 
 
 def _exported_threads(environ: Mapping[str, str]) -> int | None:
@@ -231,9 +253,9 @@ def plan_runtime(view: CpuView, ranks: int, environ: Mapping[str, str]) -> Runti
     """Compute threads and MPI yielding for one of `ranks` local ranks (pure).
 
     The CPUs a rank may use are its affinity mask, within its cgroup's CPU quota.
-    A mask narrower than the cpuset means the launcher bound each rank to CPUs of
-    its own (mpirun's core binding, srun --cpu-bind): the rank gets all of its
-    mask. Otherwise the node's ranks share the mask equally. The quota is shared
+    Where the launcher bound each rank to CPUs of its own (mpirun's core binding,
+    srun --cpu-bind: `bound_alone`), the rank gets all of its mask; otherwise the
+    node's ranks share the mask equally. The quota is shared
     by all local ranks (a container's or a Slurm step's cgroup holds them all).
     Threads: those CPUs over the ranks sharing them, at least 1; many cores per
     rank (one rank per GPU) keep many threads. Yielding: on when the ranks' busy
@@ -241,7 +263,8 @@ def plan_runtime(view: CpuView, ranks: int, environ: Mapping[str, str]) -> Runti
     An exported OMP_NUM_THREADS or OMPI_MCA_mpi_yield_when_idle wins.
     """
     ranks = max(1, ranks)
-    sharers = 1 if view.bound else ranks
+    bound = bound_alone(view, ranks, environ)
+    sharers = 1 if bound else ranks
     cpus = float(len(view.affinity) or 1)
     if view.quota is not None:
         cpus = min(cpus, view.quota * sharers / ranks)
@@ -251,7 +274,7 @@ def plan_runtime(view: CpuView, ranks: int, environ: Mapping[str, str]) -> Runti
         why = "OMP_NUM_THREADS exported"
     else:
         threads = max(1, math.floor(cpus / sharers + 1e-9))
-        why = _threads_reason(view, sharers, ranks, cpus)
+        why = _threads_reason(view, bound, sharers, ranks, cpus)
         env["OMP_NUM_THREADS"] = str(threads)
     if "MKL_NUM_THREADS" not in environ:
         env["MKL_NUM_THREADS"] = str(threads)

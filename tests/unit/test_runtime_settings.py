@@ -48,17 +48,37 @@ def test_describe_says_why() -> None:
     assert alone.describe() == "threads 16 (16 CPUs), yield off (2 busy threads <= 16 CPUs)"
 
 
+MPIRUN = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+MPIRUN_BOUND = {**MPIRUN, "OMPI_MCA_orte_bound_at_launch": "1"}
+
+
 def test_a_rank_bound_to_its_own_cpus_gets_its_whole_mask() -> None:
-    # mpirun's core binding on this machine: each of 2 ranks on one core of two.
-    plan = plan_runtime(view({1}, pool=range(2)), 2, {})
+    # Plain mpirun -np 2 on this machine: each rank bound to one core of two.
+    plan = plan_runtime(view({1}, pool=range(2)), 2, MPIRUN_BOUND)
     assert (plan.threads, plan.sharers, plan.yield_idle) == (1, 1, True)
     assert plan.threads_why == "1 CPU bound to this rank"
     assert plan.yield_why == "2 busy threads > 1 CPU"
     # srun --cpu-bind on a 64-core node, 8 ranks of 8 cores: 8 each, and no yielding.
-    bound8 = plan_runtime(view(range(8, 16), pool=range(64)), 8, {})
+    srun = {"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}
+    bound8 = plan_runtime(view(range(8, 16), pool=range(64)), 8, srun)
     assert (bound8.threads, bound8.sharers, bound8.yield_idle) == (8, 1, False)
     # Whole sockets for 2 ranks: each keeps its 32 cores, not 32 / 2.
-    assert plan_runtime(view(range(32), pool=range(64)), 2, {}).threads == 32
+    assert plan_runtime(view(range(32), pool=range(64)), 2, MPIRUN_BOUND).threads == 32
+
+
+def test_a_job_narrowed_as_a_whole_shares_its_mask() -> None:
+    # taskset -c 0,1 around horovodrun on a 16-core node: both ranks have {0, 1}.
+    narrowed = view({0, 1}, pool=range(16))
+    for launcher in (MPIRUN, {"HOROVOD_LOCAL_SIZE": "2"},
+                     {"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "none"}):
+        plan = plan_runtime(narrowed, 2, launcher)
+        assert (plan.threads, plan.sharers, plan.yield_idle) == (1, 2, True), launcher
+    # A launcher hpcdp does not know: the masks are taken as the ranks' own only when
+    # that many disjoint ones fit in the cpuset.
+    assert plan_runtime(view(range(4), pool=range(16)), 4, {}).sharers == 1
+    assert plan_runtime(view(range(8), pool=range(16)), 4, {}).sharers == 4
+    # taskset around one process: its mask is its own.
+    assert plan_runtime(view({3}, pool=range(16)), 1, {}).threads_why == "1 CPU bound to this rank"
 
 
 def test_unbound_ranks_in_a_narrow_cpuset_share_it() -> None:
@@ -76,7 +96,7 @@ def test_a_cgroup_quota_limits_the_cpus() -> None:
     # A fractional quota still gives at least one thread.
     assert plan_runtime(view(range(16), quota=0.5), 1, {}).threads == 1
     # Bound ranks split the quota too: 4 ranks bound to 4 cores each, 8 CPUs in all.
-    bound = plan_runtime(view(range(4), pool=range(16), quota=8.0), 4, {})
+    bound = plan_runtime(view(range(4), pool=range(16), quota=8.0), 4, MPIRUN_BOUND)
     assert (bound.threads, bound.cpus, bound.sharers) == (2, 2.0, 1)
     # A quota above the mask changes nothing.
     assert plan_runtime(view(range(4), quota=32.0), 2, {}).threads_why == "4 CPUs / 2 local ranks"
