@@ -23,12 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp import hvd_settings
-from hpcdp.bench import common
+from hpcdp.bench import TARGET_VS_CEILING, common
 from hpcdp.launcher import LAUNCHERS, SETTINGS_VARS, kill_group, run_ranks
 
 CEILING = "ceiling"
-#: The issue's targets: each plain launcher's samples/s over the ceiling's, per model.
-TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
 
 
 # --------------------------------------------------------------------------- pure
