@@ -88,12 +88,10 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
     environ.update(env)
     hvd.init()
     if hvd.local_size() != plan.local_ranks and "OMP_NUM_THREADS" in plan.env:
-        # A launcher whose variables hvd_settings does not know: the threads follow
-        # Horovod's count now (yielding was decided before MPI started and stays).
-        plan = hvd_settings.plan_runtime(hvd_settings.probe(), hvd.local_size(),
-                                         {k: v for k, v in environ.items()
-                                          if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
-        environ.update({k: plan.env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+        # A launcher whose variables hvd_settings does not know: threads follow Horovod's
+        # count of local ranks now (yielding was decided before MPI started and stays).
+        plan = hvd_settings.rethread(plan, hvd.local_size(), environ)
+        environ.update(plan.env)
         torch.set_num_threads(plan.threads)
     _runtime = plan
     return plan

@@ -52,6 +52,7 @@ and the compute threads of a rank can run on any core of the node; a plain
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, MutableMapping
@@ -304,6 +305,24 @@ def apply(environ: MutableMapping[str, str] | None = None,
     plan = plan_runtime(view or probe(), count, environ)
     environ.update(plan.env)
     return plan
+
+
+def rethread(plan: RuntimePlan, ranks: int, environ: Mapping[str, str],
+             view: CpuView | None = None) -> RuntimePlan:
+    """`plan` with the threads for `ranks` local ranks, its yielding kept (MPI has started).
+
+    For a count learnt only at `hvd.init()`. The threads `plan` set itself are
+    replaced; exported ones stay.
+    """
+    own = {k for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in plan.env}
+    if "OMP_NUM_THREADS" not in own:
+        return plan
+    fresh = plan_runtime(view or probe(), ranks,
+                         {k: v for k, v in environ.items() if k not in own})
+    return dataclasses.replace(
+        plan, threads=fresh.threads, threads_why=fresh.threads_why, cpus=fresh.cpus,
+        sharers=fresh.sharers, local_ranks=max(1, ranks),
+        env={**plan.env, **{k: fresh.env[k] for k in own}})
 
 
 def format_bytes(nbytes: int) -> str:

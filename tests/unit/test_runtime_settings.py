@@ -124,6 +124,19 @@ def test_apply_sets_only_what_is_missing() -> None:
                        "MKL_NUM_THREADS": "1", YIELD_VAR: "1"}
 
 
+def test_rethread_for_a_local_size_learnt_at_init() -> None:
+    # An unknown launcher: 1 rank assumed, Horovod then says 4 share the 8 CPUs.
+    plan = plan_runtime(view(range(8)), 1, {})
+    environ = dict(plan.env)
+    again = hvd_settings.rethread(plan, 4, environ, view=view(range(8)))
+    assert (again.threads, again.sharers, again.local_ranks) == (2, 4, 4)
+    assert again.env["OMP_NUM_THREADS"] == again.env["MKL_NUM_THREADS"] == "2"
+    assert (again.yield_idle, again.yield_why) == (plan.yield_idle, plan.yield_why)
+    exported = plan_runtime(view(range(8)), 1, {"OMP_NUM_THREADS": "3"})
+    assert hvd_settings.rethread(exported, 4, {"OMP_NUM_THREADS": "3"},
+                                 view=view(range(8))) == exported
+
+
 def test_recommended_env_for_launchers() -> None:
     two = hvd_settings.recommended_env(view=view(range(2)))
     assert two == {"HOROVOD_CYCLE_TIME": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
