@@ -20,7 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "fusion": "tensor fusion on/off for many small asynchronous all-reduces",
     "reader": "sharded HDF5 reader vs raw slab reads vs a per-sample DataLoader",
     "prep": "parallel dataset preparation, 1 rank vs 2 ranks",
-    "train": "weak scaling of real training, 1 vs 2 ranks, step-time split",
+    "train": "weak scaling of real training, 1 vs 2 ranks, step-time split (or --mode ceiling)",
 }
 #: Each plain launcher's samples/s over the ceiling's (hpcdp.bench.ceiling; here so that
 #: this module imports nothing heavy).
