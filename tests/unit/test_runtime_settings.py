@@ -190,7 +190,7 @@ def _write(path: Path, text: str) -> None:
 def test_probe_reads_a_cgroup_v2_tree(tmp_path: Path) -> None:
     root, proc = tmp_path / "cg", tmp_path / "proc_cgroup"
     _write(root / "cgroup.controllers", "cpuset cpu\n")
-    _write(root / "cpu.max", "max 100000\n")
+    _write(root / "cpu.max", "800000 100000\n")
     _write(root / "job" / "cpu.max", "300000 100000\n")  # the tightest ancestor wins
     _write(root / "job" / "step" / "cpu.max", "max 100000\n")
     _write(root / "job" / "step" / "cpuset.cpus.effective", "0-1\n")
