@@ -155,7 +155,7 @@ def identity(device: torch.device) -> dict[str, Any]:
         "controller": "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "other",
         "fusion_threshold": int(os.environ.get("HOROVOD_FUSION_THRESHOLD", "-1")),
         "threads": torch.get_num_threads(),
-        "mpi_yield": os.environ.get(hvd_settings.YIELD_VAR, "0") not in ("0", ""),
+        "mpi_yield": hvd_settings.yielding(os.environ),
         "settings": settings_line(),
     }
 

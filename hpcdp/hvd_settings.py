@@ -239,6 +239,11 @@ def _threads_reason(view: CpuView, bound: bool, sharers: int, ranks: int, cpus: 
     return f"{_cpus(cpus)} bound to this rank" if bound else _cpus(cpus)
 
 
+def yielding(environ: Mapping[str, str]) -> bool:
+    """Whether Open MPI will yield when idle, as `environ` tells it (unset: no)."""
+    return environ.get(YIELD_VAR, "0").strip().lower() not in ("0", "", "false", "no")
+
+
 def _exported_threads(environ: Mapping[str, str]) -> int | None:
     """OMP_NUM_THREADS as the user exported it (its first level when nested: '4,2')."""
     text = environ.get("OMP_NUM_THREADS")
@@ -281,7 +286,7 @@ def plan_runtime(view: CpuView, ranks: int, environ: Mapping[str, str]) -> Runti
         env["MKL_NUM_THREADS"] = str(threads)
     busy = BUSY_THREADS_PER_RANK * sharers
     if YIELD_VAR in environ:
-        yield_idle = environ[YIELD_VAR].strip().lower() not in ("0", "", "false", "no")
+        yield_idle = yielding(environ)
         yield_why = f"{YIELD_VAR} exported"
     else:
         yield_idle = busy > cpus
