@@ -184,21 +184,24 @@ def bound_alone(view: CpuView, ranks: int, environ: Mapping[str, str]) -> bool:
     """Whether this rank's mask is its own (the launcher bound each rank to its CPUs)
     rather than shared with the node's other ranks (pure).
 
-    Only a mask narrower than the cpuset can be a binding. Known launchers say
-    whether they bound: Open MPI's mpirun (`OMPI_MCA_orte_bound_at_launch`; horovodrun
-    passes `-bind-to none`), horovodrun --gloo (never), srun (`SLURM_CPU_BIND_TYPE`).
-    Otherwise (taskset around a job, another launcher) the masks are taken as the
-    ranks' own only when that many disjoint masks fit in the cpuset.
+    Only a mask narrower than the cpuset can be a binding. Where the launcher
+    says, it decides: Open MPI 4's mpirun sets `OMPI_MCA_orte_bound_at_launch=1`
+    when it binds, srun sets `SLURM_CPU_BIND_TYPE` (`none` or a kind), and
+    horovodrun --gloo never binds. Otherwise (srun's default binding, other MPIs,
+    taskset around a whole job) the masks count as the ranks' own when that many
+    disjoint masks fit in the cpuset: a binding is far more common than a job
+    narrowed as a whole, and a shared mask taken as one's own only happens when
+    it is at most 1/ranks of the cpuset.
     """
     if not view.narrowed:
         return False
-    if "OMPI_COMM_WORLD_LOCAL_SIZE" in environ:
-        return environ.get("OMPI_MCA_orte_bound_at_launch", "") == "1"
-    if "HOROVOD_LOCAL_SIZE" in environ:
+    if environ.get("OMPI_MCA_orte_bound_at_launch", "") == "1":
+        return True
+    if "HOROVOD_LOCAL_SIZE" in environ and "OMPI_COMM_WORLD_LOCAL_SIZE" not in environ:
         return False
-    if "SLURM_STEP_ID" in environ or "SLURM_STEP_TASKS_PER_NODE" in environ:
-        kind = environ.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
-        return bool(kind) and not kind.startswith("none")
+    kind = environ.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    if kind:
+        return not kind.startswith("none")
     return len(view.affinity) * ranks <= len(view.pool)
 
 

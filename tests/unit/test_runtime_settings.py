@@ -60,6 +60,8 @@ def test_a_rank_bound_to_its_own_cpus_gets_its_whole_mask() -> None:
     assert plan.yield_why == "2 busy threads > 1 CPU"
     # srun --cpu-bind on a 64-core node, 8 ranks of 8 cores: 8 each, and no yielding.
     srun = {"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}
+    assert plan_runtime(view(range(8, 16), pool=range(64)), 8,
+                        {**srun, "SLURM_CPU_BIND_TYPE": "none"}).threads == 1  # said: shared
     bound8 = plan_runtime(view(range(8, 16), pool=range(64)), 8, srun)
     assert (bound8.threads, bound8.sharers, bound8.yield_idle) == (8, 1, False)
     # Whole sockets for 2 ranks: each keeps its 32 cores, not 32 / 2.
@@ -67,16 +69,20 @@ def test_a_rank_bound_to_its_own_cpus_gets_its_whole_mask() -> None:
 
 
 def test_a_job_narrowed_as_a_whole_shares_its_mask() -> None:
-    # taskset -c 0,1 around horovodrun on a 16-core node: both ranks have {0, 1}.
+    # taskset -c 0,1 around a job on a 16-core node: both ranks have {0, 1}. Where the
+    # launcher says it did not bind, the ranks share the mask.
     narrowed = view({0, 1}, pool=range(16))
-    for launcher in (MPIRUN, {"HOROVOD_LOCAL_SIZE": "2"},
+    for launcher in ({"HOROVOD_LOCAL_SIZE": "2"},
                      {"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "none"}):
         plan = plan_runtime(narrowed, 2, launcher)
         assert (plan.threads, plan.sharers, plan.yield_idle) == (1, 2, True), launcher
-    # A launcher hpcdp does not know: the masks are taken as the ranks' own only when
-    # that many disjoint ones fit in the cpuset.
+    # Where it does not say (srun's default binding, other MPIs), the masks are the
+    # ranks' own when that many disjoint ones fit in the cpuset...
+    assert plan_runtime(view(range(8, 16), pool=range(64)), 8, {"SLURM_STEP_ID": "0"}
+                        ).threads == 8
     assert plan_runtime(view(range(4), pool=range(16)), 4, {}).sharers == 1
-    assert plan_runtime(view(range(8), pool=range(16)), 4, {}).sharers == 4
+    # ...and shared when they cannot be disjoint.
+    assert plan_runtime(view(range(8), pool=range(16)), 4, MPIRUN).sharers == 4
     # taskset around one process: its mask is its own.
     assert plan_runtime(view({3}, pool=range(16)), 1, {}).threads_why == "1 CPU bound to this rank"
 
