@@ -1,7 +1,8 @@
 """The Horovod runtime as the training loop sees it.
 
-Init (with Horovod's knobs set in the environment first), one device per local
-rank, the per-rank identity line, cross-rank agreement on errors, metric
+Init (with hpcdp's runtime settings and Horovod's knobs set in the environment
+first, so that a plain launcher command runs as fast as the benchmarks), one
+device per local rank, the per-rank identity line, cross-rank agreement on errors, metric
 reduction, and the rule that an unexpected failure on one rank takes the whole
 job down instead of leaving the others waiting in a collective forever.
 """
@@ -66,13 +67,26 @@ def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
     return env
 
 
+#: What init chose for this process (threads, yielding and why), for the identity line.
+_runtime: hvd_settings.RuntimePlan | None = None
+
+
 def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
-         environ: MutableMapping[str, str] | None = None) -> None:
-    """Set Horovod's variables, then hvd.init() (a collective every rank reaches first).
+         environ: MutableMapping[str, str] | None = None) -> hvd_settings.RuntimePlan:
+    """Apply hpcdp's runtime settings, then hvd.init() (a collective every rank reaches first).
 
     `on_gpu`: whether gradients will live on GPUs (it decides the fusion threshold).
+    Threads and MPI yielding follow hvd_settings.plan_runtime for the CPUs this
+    rank may use, unless exported; they go into the environment before hvd.init()
+    starts MPI. A malformed OMP_NUM_THREADS is an AgreedError on every rank alike.
     """
+    global _runtime
     environ = os.environ if environ is None else environ
+    try:
+        plan = hvd_settings.apply(environ)
+    except ValueError as exc:
+        raise AgreedError(str(exc)) from exc
+    torch.set_num_threads(plan.threads)
     env = horovod_env(hc, run_dir, on_gpu, environ)
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +95,22 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
     mismatch = launch_mismatch(hvd.size(), environ)
     if mismatch:  # every task alone in its world: no collective can hang here
         raise AgreedError(mismatch)
+    if hvd.local_size() != plan.local_ranks and "OMP_NUM_THREADS" in plan.env:
+        # A launcher whose variables hvd_settings does not know: threads follow Horovod's
+        # count of local ranks now (yielding was decided before MPI started and stays).
+        plan = hvd_settings.rethread(plan, hvd.local_size(), environ)
+        environ.update(plan.env)
+        torch.set_num_threads(plan.threads)
+    _runtime = plan
+    return plan
+
+
+def settings_line() -> str:
+    """What this rank runs with and why: 'threads 1 (2 CPUs / 2 local ranks), yield on
+    (4 busy threads > 2 CPUs), fusion 1 MiB'."""
+    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", str(hvd_settings.HOROVOD_FUSION_BYTES)))
+    plan = _runtime.describe() if _runtime else f"threads {torch.get_num_threads()}"
+    return f"{plan}, fusion {hvd_settings.format_bytes(fusion)}"
 
 
 def wants_gpu(kind: str, cuda_available: bool) -> bool:
@@ -165,6 +195,9 @@ def identity(device: torch.device) -> dict[str, Any]:
         "device": str(device),
         "controller": "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "other",
         "fusion_threshold": int(os.environ.get("HOROVOD_FUSION_THRESHOLD", "-1")),
+        "threads": torch.get_num_threads(),
+        "mpi_yield": hvd_settings.yielding(os.environ),
+        "settings": settings_line(),
     }
 
 

@@ -5,7 +5,9 @@ tensor operations; the MPI library; parallel HDF5; PyTorch and CUDA; Slurm's
 commands and the `srun --mpi` plugin that fits the MPI library). Under a launcher
 with several ranks it also gathers every rank's placement and checks that ranks,
 local ranks and sizes agree and that no two local ranks on a node share a GPU.
-It exits non-zero, naming each problem.
+Alone or under a launcher, it reports the compute threads and MPI yielding
+training will set on each node (hpcdp's rule, hpcdp.hvd_settings) and warns when
+threads x ranks outnumber the CPUs. It exits non-zero, naming each problem.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import argparse
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hpcdp import hvd_settings
 from hpcdp.placement import (
     RankPlacement,
     check_placement,
@@ -230,6 +234,61 @@ def stack_checks() -> list[Check]:
             + check_srun_mpi())
 
 
+@dataclass(frozen=True)
+class RuntimeReport:
+    """One rank's threads and yielding as training will set them (or why it cannot)."""
+
+    rank: int
+    host: str
+    summary: str
+    oversubscribed: bool
+    error: str | None = None
+
+
+def my_runtime(rank: int, host: str, environ: Mapping[str, str]) -> RuntimeReport:
+    """hvd_settings' plan for this process, as training would make it before hvd.init()."""
+    try:
+        plan = hvd_settings.plan_runtime(hvd_settings.probe(), hvd_settings.local_ranks(environ),
+                                         environ)
+    except ValueError as exc:
+        return RuntimeReport(rank, host, "", False, str(exc))
+    summary = plan.describe()
+    if plan.oversubscribed:
+        summary += (f"; oversubscribed: {plan.sharers} rank(s) x {plan.threads} thread(s) >"
+                    f" {plan.cpus:g} CPUs")
+    return RuntimeReport(rank, host, summary, plan.oversubscribed)
+
+
+def runtime_checks(reports: list[RuntimeReport]) -> list[Check]:
+    """One line per node and distinct setting: what training sets there, and why."""
+    groups: dict[tuple[str, str, str | None], list[RuntimeReport]] = {}
+    for rep in sorted(reports, key=lambda r: r.rank):
+        groups.setdefault((rep.host, rep.summary, rep.error), []).append(rep)
+    checks = []
+    for (host, summary, error), members in groups.items():
+        ranks = [r.rank for r in members]
+        who = f"{host}, rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
+        if error:
+            checks.append(Check(FAIL, "runtime", f"{who}: {error}"))
+        elif members[0].oversubscribed:
+            hint = " (unset OMP_NUM_THREADS or lower it)" if "exported" in summary else ""
+            checks.append(Check(WARN, "runtime", f"{who}: training sets {summary}{hint}"))
+        else:
+            checks.append(Check(OK, "runtime", f"{who}: training sets {summary}"))
+    return checks
+
+
+def _ranges(ranks: list[int]) -> str:
+    """'0-3,6' for ranks 0, 1, 2, 3, 6."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
 def my_placement(hvd) -> tuple[RankPlacement, list[str]]:
     """This rank's placement, and any disagreement between Horovod and the launcher."""
     import torch
@@ -274,10 +333,11 @@ def placement_checks(timeout: float) -> tuple[list[Check], bool]:
     watchdog.start()
     hvd.init()
     place, problems = my_placement(hvd)
-    gathered = hvd.allgather_object((place, problems))
+    runtime = my_runtime(hvd.rank(), place.host, os.environ)
+    gathered = hvd.allgather_object((place, problems, runtime))
     watchdog.cancel()
-    places = [p for p, _ in gathered]
-    problems = [msg for _, msgs in gathered for msg in msgs] + check_placement(places)
+    places = [p for p, _, _ in gathered]
+    problems = [msg for _, msgs, _ in gathered for msg in msgs] + check_placement(places)
     hosts = sorted({p.host for p in places})
     lines = [
         f"rank {p.rank}: host {p.host}, local rank {p.local_rank}/{p.local_size}, "
@@ -287,6 +347,7 @@ def placement_checks(timeout: float) -> tuple[list[Check], bool]:
     checks = [Check(OK, "ranks", f"{len(places)} ranks on {len(hosts)} host(s)")]
     checks += [Check(OK, "placement", line) for line in lines]
     checks += [Check(FAIL, "placement", msg) for msg in problems]
+    checks += runtime_checks([r for _, _, r in gathered])
     return checks, hvd.rank() == 0
 
 
@@ -320,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     if can_gather and not args.no_ranks and launcher_world_size(os.environ) > 1:
         rank_checks, printer = placement_checks(args.timeout)
         checks += rank_checks
+    else:
+        checks += runtime_checks([my_runtime(0, socket.gethostname(), os.environ)])
     failed = [c for c in checks if c.status == FAIL]
     if printer or failed:
         print("hpcdp doctor\n" + render(checks), flush=True)

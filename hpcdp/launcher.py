@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcdp.hvd_settings import recommended_env
+from hpcdp.hvd_settings import YIELD_VAR, recommended_env
 
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 
@@ -33,16 +33,21 @@ def launch_command(
     np: int = 2,
     launcher: str = "mpirun",
     env_names: Sequence[str] = (),
+    plain: bool = False,
 ) -> list[str]:
     """The command line that starts `argv` on `np` local ranks under `launcher`.
 
     `env_names` are variables forwarded explicitly (needed by mpirun on remote
-    hosts; harmless locally).
+    hosts; harmless locally). `plain`: the command as a user types it from the
+    README (`mpirun -np 2 ...`, `horovodrun -np 2 -H localhost:2 ...`), with the
+    launcher's own defaults (mpirun then binds each of up to 2 ranks to a core).
     """
     if np < 1:
         raise ValueError(f"np must be at least 1, got {np}")
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+    if launcher == "mpirun" and plain:
+        return ["mpirun", "-np", str(np), *argv]
     if launcher == "mpirun":
         cmd = [
             "mpirun",
@@ -58,26 +63,41 @@ def launch_command(
             cmd += ["-x", name]
         return cmd + list(argv)
     cmd = [_bin("horovodrun"), "-np", str(np), "-H", f"localhost:{np}"]
-    cmd.append("--gloo" if launcher == "horovodrun-gloo" else "--mpi")
+    if launcher == "horovodrun-gloo":
+        cmd.append("--gloo")
+    elif not plain:
+        cmd.append("--mpi")
     return cmd + list(argv)
 
 
-def rank_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for local multi-rank runs on a small shared-core machine.
+#: hpcdp's runtime settings: what a plain run leaves to hpcdp's own rule.
+SETTINGS_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", YIELD_VAR, "HOROVOD_CYCLE_TIME",
+                 "HOROVOD_FUSION_THRESHOLD")
 
-    Open MPI refuses root without the two ALLOW variables; the Horovod and MPI
-    runtime settings are hpcdp's measured ones (hpcdp.hvd_settings: ranks
-    yield when idle, one compute thread per rank), so that tests and
-    benchmarks run what training runs. Values already set win.
+
+def rank_environment(extra: Mapping[str, str] | None = None, np: int = 2,
+                     plain: bool = False) -> dict[str, str]:
+    """The environment for local multi-rank runs.
+
+    Open MPI refuses root without the two ALLOW variables. The Horovod and MPI
+    runtime settings are hpcdp's rule for `np` ranks sharing this process's CPUs
+    (hpcdp.hvd_settings), so that workers that do not call the rule themselves
+    run what training runs; values already set win. `plain`: none of the
+    settings, not even the caller's exports (what a user's plain command gets:
+    training then applies the rule itself).
     """
     env = dict(os.environ)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
-    for key, value in recommended_env().items():
-        env.setdefault(key, value)
+    if plain:
+        for key in SETTINGS_VARS:
+            env.pop(key, None)
+    else:
+        env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        for key, value in recommended_env(ranks=np).items():
+            env.setdefault(key, value)
     if extra:
         env.update(extra)
     return env
@@ -109,16 +129,21 @@ def run_ranks(
     timeout: float = 120.0,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    plain: bool = False,
 ) -> RankRun:
-    """Run `argv` on `np` ranks; kill every process of the run after `timeout` seconds."""
-    cmd = launch_command(argv, np=np, launcher=launcher)
+    """Run `argv` on `np` ranks; kill every process of the run after `timeout` seconds.
+
+    `plain`: the README's command with none of hpcdp's settings exported
+    (launch_command, rank_environment); `env` still applies on top.
+    """
+    cmd = launch_command(argv, np=np, launcher=launcher, plain=plain)
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=rank_environment(env),
+        env=rank_environment(env, np=np, plain=plain),
         cwd=cwd,
         start_new_session=True,
     )

@@ -15,9 +15,10 @@ RUN=${DEMO_RUN:-runs/digits}
 MIN_ACC=${DEMO_MIN_ACC:-0.95}
 NP=${DEMO_NP:-2}
 
+# Threads and MPI yielding are not exported: training and prep choose them from the
+# CPUs each rank may use (docs/runtime-settings.md), as for any plain command.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
-export PYTHONUNBUFFERED=1
+export HDF5_USE_FILE_LOCKING=FALSE PYTHONUNBUFFERED=1
 
 say() { echo "demo: $*"; }
 

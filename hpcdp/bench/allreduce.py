@@ -45,9 +45,9 @@ DEFAULT_SIZES = "4KiB..256MiB"
 DEFAULT_CONFIGS = ("mpi-default", "mpi-hpcdp", "gloo-default", "gloo-hpcdp")
 
 
-def builtin_configs() -> dict[str, RunConfig]:
-    """Horovod's own defaults vs hpcdp's settings, under the MPI and the Gloo controller."""
-    default, tuned = hvd_settings.default_env(), hvd_settings.recommended_env()
+def builtin_configs(np: int = 2) -> dict[str, RunConfig]:
+    """Horovod's own defaults vs hpcdp's settings (for `np` ranks), under MPI and Gloo."""
+    default, tuned = hvd_settings.default_env(), hvd_settings.recommended_env(ranks=np)
     return {
         "mpi-default": RunConfig("mpi-default", "mpirun", default),
         "mpi-hpcdp": RunConfig("mpi-hpcdp", "mpirun", tuned),
@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configs(args: argparse.Namespace) -> list[RunConfig]:
-    builtin = builtin_configs()
+    builtin = builtin_configs(args.np)
     chosen = []
     for name in filter(None, (c.strip() for c in args.configs.split(","))):
         if name not in builtin:

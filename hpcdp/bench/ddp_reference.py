@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpcdp import hvd_settings
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpcdp.bench.ddp_reference")
@@ -96,8 +98,9 @@ def launch(worker_args: Sequence[str], np: int, timeout: float) -> tuple[bool, s
     from hpcdp.launcher import kill_group
 
     root = str(Path(__file__).resolve().parents[2])
+    threads = hvd_settings.recommended_env(ranks=np)["OMP_NUM_THREADS"]  # hpcdp's rule, as hpcdp
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                WORLD_SIZE=str(np), OMP_NUM_THREADS="1", HDF5_USE_FILE_LOCKING="FALSE",
+                WORLD_SIZE=str(np), OMP_NUM_THREADS=threads, HDF5_USE_FILE_LOCKING="FALSE",
                 PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     procs = [subprocess.Popen([sys.executable, "-m", "hpcdp.bench.ddp_reference", *worker_args],
                               env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,

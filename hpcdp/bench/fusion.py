@@ -45,7 +45,7 @@ def config_names(launcher: str) -> tuple[str, str, str]:
     return f"{pre}fusion-off", f"{pre}fusion-on", f"{pre}buckets"
 
 
-def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
+def builtin_configs(launcher: str, other: bool = False, np: int = 2) -> dict[str, RunConfig]:
     """Fusion off, Horovod's fusion on, hpcdp's gradient buckets; else hpcdp's settings.
 
     'On' sets no threshold: the worker takes hpcdp's for its device and
@@ -55,7 +55,7 @@ def builtin_configs(launcher: str, other: bool = False) -> dict[str, RunConfig]:
     With `other`, the same under the other controller too (MPI <-> Gloo),
     named with a 'gloo-' prefix for Gloo: each controller gives its own speedups.
     """
-    tuned = hvd_settings.recommended_env()
+    tuned = hvd_settings.recommended_env(ranks=np)  # threads and yielding for np ranks
     out = {}
     for run in (launcher, OTHER_CONTROLLER[launcher]) if other else (launcher,):
         off, on, buckets = config_names(run)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--np must be >= 2 and --tensors, --repeats, --pairs positive")
         if args.warmup < 0 or args.compute_between < 0:
             raise ValueError("--warmup and --compute-between must not be negative")
-        builtin = builtin_configs(args.launcher, other=not args.one_controller)
+        builtin = builtin_configs(args.launcher, other=not args.one_controller, np=args.np)
         configs = list(builtin.values())
         configs += [common.parse_config(spec, builtin) for spec in args.config]
         names = [c.name for c in configs]

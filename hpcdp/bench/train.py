@@ -9,6 +9,9 @@ elsewhere on a shared machine falls on every configuration alike; the median
 over rounds is reported. A plain torch DistributedDataParallel (gloo) run on
 the same model, data and batch (hpcdp.bench.ddp_reference) is the reference
 that hpcdp must not trail.
+
+`--mode ceiling` instead compares the README's plain launch commands (nothing
+exported) with W independent 1-rank runs at once (hpcdp.bench.ceiling).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common
+from hpcdp.bench import TARGET_VS_CEILING, ceiling, common
 
 MODELS = ("digits_cnn", "resnet18")
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.toml"
@@ -270,8 +273,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", default="train", help="file stem of the outputs")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument("--mode", choices=("scaling", "ceiling"), default="scaling",
+                   help="scaling: 1 vs 2 ranks under hpcdp's launcher, and DDP; ceiling: the "
+                   "plain launch commands, nothing exported, vs NP independent 1-rank runs")
+    p.add_argument("--launchers", default="horovodrun,horovodrun-gloo,mpirun",
+                   help="ceiling mode: the launchers to compare (comma list)")
+    p.add_argument("--np", type=int, default=2, help="ceiling mode: ranks per run")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    try:
+        args.launchers = ceiling.launchers_arg(args.launchers)
+    except ValueError as err:
+        p.error(str(err))
+    if args.np < 1:
+        p.error(f"--np must be positive, got {args.np}")
     bad = [m for m in args.models if m not in MODELS]
     if bad or not args.models:
         p.error(f"--models: unknown {bad}; choose from {', '.join(MODELS)}")
@@ -283,8 +298,59 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run_ceiling_rounds(data: Mapping[str, Path], work: Path,
+                       args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every round: the ceiling and each plain launcher, per model, in a rotating order."""
+    runs: list[dict[str, Any]] = []
+    configs = [ceiling.CEILING, *args.launchers]
+    for rnd in range(args.rounds):
+        for model in args.models:
+            for config in ceiling.round_order(configs, rnd):
+                run_dir = work / f"{model}-{config}-r{rnd}"
+                argv_for = lambda d, m=model: [  # noqa: E731 - one run folder per process
+                    sys.executable, "-m", "hpcdp.train",
+                    *train_overrides(m, data[m], d, args)]
+                dirs, settings = ceiling.run_config(config, argv_for, run_dir, args,
+                                                    _pythonpath_env())
+                rate = sum(steady_state(read_metrics(d), args.warmup)["samples_per_s"]
+                           for d in dirs)
+                runs.append({"round": rnd, "model": model, "config": config,
+                             "samples_per_s": rate, "settings": settings})
+                print(f"round {rnd} {model} {config}: {rate:.1f} samples/s"
+                      + (f" [{settings}]" if settings else ""), flush=True)
+    return runs
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    from hpcdp.metrics import read_jsonl
+
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def main_ceiling(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-ceiling-") as tmp:
+        work = Path(tmp)
+        try:
+            data = prepare_data(work / "data", args.samples, args.timeout)
+            runs = run_ceiling_rounds(data, work, args)
+        except (common.BenchError, subprocess.TimeoutExpired, ValueError,
+                FileNotFoundError) as err:
+            print(f"hpcdp bench train: {err}", file=sys.stderr)
+            return 1
+    summary, met = ceiling.report(runs, args)
+    payload = {"benchmark": "train-ceiling",
+               "params": {k: v for k, v in vars(args).items() if k not in ("out", "name")},
+               "targets": {"vs_ceiling": TARGET_VS_CEILING},
+               "runs": runs, "summary": summary}
+    print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
+    return 1 if args.check and not met else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.mode == "ceiling":
+        return main_ceiling(args)
     out = Path(args.out)
     runs: list[dict[str, Any]] = []
     ddp: list[dict[str, Any]] = []

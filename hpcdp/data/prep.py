@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
+from hpcdp import __version__, hvd_settings
 from hpcdp.cliargs import parse_args
 from hpcdp.crash import report_crashes
 from hpcdp.data import sources as src
@@ -129,7 +129,15 @@ class SerialComm:
 
 
 def world() -> Any:
-    """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial."""
+    """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial.
+
+    hpcdp's runtime settings (threads, MPI yielding: hpcdp.hvd_settings) go into the
+    environment first, as in training, since MPI reads them when mpi4py starts it.
+    """
+    try:
+        hvd_settings.apply()
+    except ValueError as exc:  # a malformed export: every rank fails alike, before MPI
+        raise PrepError(str(exc)) from exc
     if not any(name in os.environ for name in MPI_MARKERS):
         return SerialComm()
     from mpi4py import MPI
@@ -441,7 +449,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 written, 2 bad input (nothing written), 1 a failure while writing."""
     report_crashes()  # also under `python -m hpcdp.data.prep` (mpirun, srun)
     args = parse_args(build_parser(), sys.argv[1:] if argv is None else argv)
-    comm = world()
+    try:
+        comm = world()
+    except PrepError as exc:
+        print(f"hpcdp prep: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     error: str | None = None
     try:
         opts, sources = prepare_inputs(args, comm)

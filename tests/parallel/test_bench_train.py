@@ -58,3 +58,22 @@ def test_bench_train_rejects_bad_options_before_running(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         bench_main(["train", "--steps", "5", "--window", "2", "--out", str(tmp_path)])
     assert not (tmp_path / "train.json").exists()
+
+
+def test_bench_train_ceiling_end_to_end(tmp_path: Path, capsys) -> None:
+    argv = ["train", "--mode", "ceiling", "--models", "digits_cnn", "--launchers", "mpirun",
+            "--steps", "4", "--warmup", "2", "--window", "2", "--rounds", "1",
+            "--timeout", "120", "--out", str(tmp_path), "--name", "ceil"]
+    assert bench_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "x ceiling" in printed
+    result = json.loads((tmp_path / "ceil.json").read_text())
+    assert sorted(r["config"] for r in result["runs"]) == ["ceiling", "mpirun"]
+    assert all(_positive(r["samples_per_s"]) for r in result["runs"])
+    plain = next(r for r in result["runs"] if r["config"] == "mpirun")
+    # Nothing exported: the training chose its own settings and said why.
+    assert plain["settings"].startswith("threads ") and "exported" not in plain["settings"]
+    s = result["summary"]["digits_cnn"]
+    assert _positive(s["ceiling_samples_per_s"]) and _positive(
+        s["launchers"]["mpirun"]["vs_ceiling"])
+    assert set(result["summary"]["checks"]) == {"digits_cnn mpirun >= 0.80x ceiling"}

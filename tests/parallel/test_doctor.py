@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,10 @@ def test_doctor_under_launcher_checks_placement(ranks, launcher):
     run = ranks(DOCTOR, np=2, launcher=launcher, timeout=120)
     assert "2 ranks on 1 host(s)" in run.output, run.describe()
     assert "everything needed is in place" in run.output, run.describe()
+    # What training sets on the node, for both ranks (hpcdp's launcher exports the rule's
+    # values for 2 ranks, so no oversubscription).
+    assert re.search(r"ok +runtime +\S+, ranks 0-1: training sets threads \d+", run.output), \
+        run.describe()
 
 
 def test_doctor_reports_two_ranks_on_one_gpu(ranks):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -74,19 +73,32 @@ def test_phased_faults_act_at_their_phase_once_and_not_before_the_step(
 
 def test_slow_makes_each_step_about_factor_times_as_long(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    class Clock:  # a fake clock: the test does not depend on the machine's load
+        now = 0.0
+        slept: list[float] = []
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.slept.append(seconds)
+            self.now += seconds
+
+    clock = Clock()
+    monkeypatch.setattr(faults, "time", clock)
     monkeypatch.setattr(faults, "_armed", parse("slow:rank=0:factor=3"))
     monkeypatch.setattr(faults, "_slowdown", faults._Slowdown())
     took = []
     for step in range(4):
-        t0 = time.monotonic()
+        t0 = clock.now
         faults.inject(step, 0)
-        time.sleep(0.05)  # the rank's own work
-        took.append(time.monotonic() - t0)
-    assert took[0] < 0.12  # nothing measured yet
-    assert all(0.14 < t < 1.0 for t in took[1:]), took  # ~3 x 0.05 s (loose: a loaded machine)
-    t0 = time.monotonic()
+        clock.now += 0.05  # the rank's own work
+        took.append(clock.now - t0)
+    assert took[0] == pytest.approx(0.05)  # nothing measured yet
+    assert took[1:] == pytest.approx([0.15] * 3)  # 3 x the rank's own work
+    before = len(clock.slept)
     faults.inject(9, 1)  # another rank: no delay
-    assert time.monotonic() - t0 < 0.01
+    assert len(clock.slept) == before
 
 
 def test_poison_keeps_the_graph() -> None:

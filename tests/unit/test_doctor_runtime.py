@@ -1,0 +1,27 @@
+"""`hpcdp doctor`'s report of the threads and yielding training will set (pure)."""
+
+from __future__ import annotations
+
+from hpcdp.doctor import FAIL, OK, WARN, RuntimeReport, my_runtime, runtime_checks
+
+
+def test_one_line_per_node_and_setting() -> None:
+    same = "threads 1 (2 CPUs / 2 local ranks), yield on (4 busy threads > 2 CPUs)"
+    reports = [RuntimeReport(r, "n1", same, False) for r in (0, 1)]
+    reports += [RuntimeReport(2, "n2", "threads 4 (OMP_NUM_THREADS exported), yield off (x); "
+                              "oversubscribed: 2 rank(s) x 4 thread(s) > 2 CPUs", True),
+                RuntimeReport(3, "n2", "", False, "OMP_NUM_THREADS='x' is not a positive number")]
+    checks = runtime_checks(reports)
+    assert [(c.status, c.detail.split(":")[0]) for c in checks] == [
+        (OK, "n1, ranks 0-1"), (WARN, "n2, rank 2"), (FAIL, "n2, rank 3")]
+    assert checks[0].detail == f"n1, ranks 0-1: training sets {same}"
+    assert "unset OMP_NUM_THREADS or lower it" in checks[1].detail
+
+
+def test_my_runtime_warns_when_exports_oversubscribe() -> None:
+    env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMP_NUM_THREADS": "100000"}
+    rep = my_runtime(0, "h", env)
+    assert rep.oversubscribed and "oversubscribed: 2 rank(s) x 100000 thread(s)" in rep.summary
+    fine = my_runtime(0, "h", {})
+    assert not fine.oversubscribed and fine.summary.startswith("threads ")
+    assert my_runtime(0, "h", {"OMP_NUM_THREADS": "none"}).error
