@@ -28,8 +28,8 @@ Optional:
   afresh for each validation, this rank's share of every sample once;
 - `derive(values)`: metrics computed from the reduced ones (perplexity from the
   mean loss: never a mean of per-rank values), for training windows and validation;
-- `rates(cfg, model, samples_per_s, device)`: throughput figures beside samples/s
-  (tokens/s, MFU), for the log lines and summary.json.
+- `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
+  samples/s over all `ranks` (tokens/s, MFU), for the log lines and summary.json.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _nothing(values: Mapping[str, Any]) -> dict[str, float]:
     return {}
 
 
-def _no_rates(cfg: Config, model: torch.nn.Module, samples_per_s: float,
+def _no_rates(cfg: Config, model: torch.nn.Module, samples_per_s: float, ranks: int,
               device: torch.device) -> dict[str, float]:
     return {}
 
@@ -107,8 +107,8 @@ class Task:
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     readers: Callable[[Config, int, int, int, torch.device], tuple[Any, Any]] | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
-    rates: Callable[[Config, torch.nn.Module, float, torch.device], dict[str, float]] = (
-        _no_rates)
+    rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
+                    dict[str, float]] = _no_rates
 
     def check_model(self, name: str) -> None:
         """Raise ConfigError naming the choices when the task has no model `name`."""

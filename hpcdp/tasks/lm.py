@@ -113,17 +113,15 @@ def peak_flops(cfg: Config, device: torch.device) -> float | None:
     return None
 
 
-def rates(cfg: Config, net: torch.nn.Module, samples_per_s: float,
+def rates(cfg: Config, net: torch.nn.Module, samples_per_s: float, ranks: int,
           device: torch.device) -> dict[str, float]:
-    """tokens/s over all ranks, and MFU (per device) where a peak is known."""
+    """tokens/s over all `ranks`, and MFU (per device: one rank's share) where a peak is known."""
     tokens_per_s = samples_per_s * cfg.lm.seq_len
     out = {"tokens_per_s": tokens_per_s}
     peak = peak_flops(cfg, device)
     if peak and isinstance(net, gpt.GPT):
-        from hpcdp import dist
-
         flops = gpt.flops_per_token(net.cfg, gpt.num_params(net, embeddings=False))
-        out["mfu"] = gpt.mfu(tokens_per_s / max(dist.size(), 1), flops, peak)
+        out["mfu"] = gpt.mfu(tokens_per_s / max(ranks, 1), flops, peak)
     return out
 
 

@@ -192,7 +192,8 @@ def report_window(run: setup.Run, rep: Reporter, window: StepTimes, sums: Metric
     values.update(run.task.derive(values))
     times = window.summary()
     times["samples_per_s"] *= run.size  # every rank processes the same number of samples
-    rates = run.task.rates(run.cfg, run.model, times["samples_per_s"], run.device)
+    rates = run.task.rates(run.cfg, run.model, times["samples_per_s"], run.size,
+                           run.device)
     spread = (rank_spread(dist.gather_floats(times["busy_ms"], "hpcdp.busy"))  # collective
               if run.size > 1 else {})
     record = {"epoch": state.epoch, **values, "lr": lr, **times, **rates, **spread}
@@ -250,7 +251,7 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
                                     "hpcdp.throughput")[0]       # collective: throughput
     final = ckpts.path(state.step)
     val = {f"val_{k}": v for k, v in out.last_val.items()}
-    rates = run.task.rates(cfg, run.model, throughput, run.device)
+    rates = run.task.rates(cfg, run.model, throughput, run.size, run.device)
     summary = {
         **val, "samples_per_s": throughput, **rates, "steps": state.step, "epochs": state.epoch,
         "world_size": run.size, "task": cfg.task.name, "model": cfg.model.name,
