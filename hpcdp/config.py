@@ -73,14 +73,14 @@ class DataConfig:
 class TaskConfig:
     """The workload: what is read, the model family, the loss and the metrics (hpcdp.tasks)."""
 
-    name: str = "image"  # image (classification)
+    name: str = "image"  # image (classification) | lm (GPT language model)
 
 
 @dataclass
 class ModelConfig:
     """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50
+    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50; lm: gpt
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
 
 
@@ -96,6 +96,20 @@ class ImageConfig:
     num_classes: int = 10  # outputs of the classifier
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
+
+
+@dataclass
+class LMConfig:
+    """The language-model task: token windows, the GPT's shape, throughput accounting."""
+
+    seq_len: int = 64  # S: tokens of context per window (each window reads S + 1)
+    layers: int = 2  # transformer blocks
+    heads: int = 2  # attention heads (width must be a multiple)
+    width: int = 64  # the residual stream's width
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio x width
+    dropout: float = 0.0  # on attention, residual and embeddings; 0 for determinism
+    tokenizer_sha256: str = ""  # if set: the data must be made with this tokenizer
+    peak_tflops: float = 0.0  # device peak for MFU, TFLOP/s; 0: known GPUs detected, else none
 
 
 @dataclass
@@ -115,6 +129,8 @@ class OptimConfig:
     momentum: float = 0.9  # SGD only
     nesterov: bool = False  # SGD with momentum only
     weight_decay: float = 0.0  # L2 (SGD) or decoupled (AdamW) weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's (beta1, beta2)
+    grad_clip: float = 0.0  # clip the averaged gradients' global L2 norm to this; 0: off
 
 
 @dataclass
@@ -202,6 +218,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
+    lm: LMConfig = field(default_factory=LMConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
@@ -233,7 +250,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
 #: Tasks hpcdp knows (each a module hpcdp.tasks.<name>); checked here without importing them.
-TASK_NAMES = ("image",)
+TASK_NAMES = ("image", "lm")
 
 #: Keys that moved to a task's own section: an old config gets an error naming the new key.
 MOVED: dict[str, str] = {
@@ -439,6 +456,11 @@ def validate(cfg: Config) -> None:
         "checkpoint.keep": cfg.checkpoint.keep,
         "preempt.check_every": cfg.preempt.check_every,
         "log.every_steps": cfg.log.every_steps,
+        "lm.seq_len": cfg.lm.seq_len,
+        "lm.layers": cfg.lm.layers,
+        "lm.heads": cfg.lm.heads,
+        "lm.width": cfg.lm.width,
+        "lm.mlp_ratio": cfg.lm.mlp_ratio,
     }
     for key, value in positive.items():
         if value < 1:
@@ -456,6 +478,8 @@ def validate(cfg: Config) -> None:
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
         "preempt.max_requeues": cfg.preempt.max_requeues,
+        "optim.grad_clip": cfg.optim.grad_clip,
+        "lm.peak_tflops": cfg.lm.peak_tflops,
     }
     for key, value in non_negative.items():
         if value < 0:
@@ -501,6 +525,7 @@ def _validate_more(cfg: Config) -> None:
         raise ConfigError(f"optim.momentum={cfg.optim.momentum}: must not be negative")
     if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
         raise ConfigError("optim.nesterov=true needs a positive optim.momentum")
+    _validate_optim(cfg)
     if cfg.schedule.gamma <= 0:
         raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
     if any(m < 0 for m in cfg.schedule.milestones):
@@ -518,6 +543,24 @@ def _validate_more(cfg: Config) -> None:
         sec, attr = key.split(".")
         if "\0" in getattr(getattr(cfg, sec), attr):
             raise ConfigError(f"{key} must not hold a NUL character")
+
+
+def _validate_optim(cfg: Config) -> None:
+    """AdamW's betas, clipping (which needs the averaged gradients) and the LM's shape."""
+    betas = cfg.optim.betas
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"optim.betas={betas}: two numbers in [0, 1)")
+    if cfg.optim.grad_clip > 0 and cfg.horovod.op == "adasum":
+        raise ConfigError("optim.grad_clip cannot be combined with horovod.op='adasum' (Adasum "
+                          "steps inside its hooks, before any averaged gradient exists)")
+    if cfg.lm.width % cfg.lm.heads:
+        raise ConfigError(f"lm.width={cfg.lm.width} is not a multiple of lm.heads="
+                          f"{cfg.lm.heads}")
+    if not 0.0 <= cfg.lm.dropout < 1.0:
+        raise ConfigError(f"lm.dropout={cfg.lm.dropout}: must lie in [0, 1)")
+    sha = cfg.lm.tokenizer_sha256
+    if sha and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ConfigError(f"lm.tokenizer_sha256={sha!r}: 64 lower-case hex digits, or empty")
 
 
 def check_paths(cfg: Config) -> None:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hpcdp import hvd_settings
 
@@ -36,6 +37,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="timed steps after the warm-up")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--seq-len", type=int, default=64, help="gpt: tokens per window")
     p.add_argument("--json", required=True, help="rank 0 writes its result here")
     return p.parse_args(argv)
 
@@ -52,14 +54,21 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     torch_dist.init_process_group("gloo")
     rank, size = torch_dist.get_rank(), torch_dist.get_world_size()
-    reader = ShardedReader(Path(args.data) / "train.h5", batch_size=args.batch, rank=rank,
-                           world_size=size, seed=0)
-    torch.manual_seed(0)
-    model = build_model(args.model, reader.sample_shape, args.classes, args.width,
-                        args.cifar_stem)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    # The same peak learning rate hpcdp uses: scaled by the number of ranks.
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * size, momentum=0.9)
+    if args.model == "gpt":
+        reader, ddp, opt, step_loss = gpt_parts(args, rank, size)
+    else:
+        reader = ShardedReader(Path(args.data) / "train.h5", batch_size=args.batch, rank=rank,
+                               world_size=size, seed=0)
+        torch.manual_seed(0)
+        model = build_model(args.model, reader.sample_shape, args.classes, args.width,
+                            args.cifar_stem)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        # The same peak learning rate hpcdp uses: scaled by the number of ranks.
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * size, momentum=0.9)
+
+        def step_loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+            x = xb.float() / 255.0 if not torch.is_floating_point(xb) else xb
+            return F.cross_entropy(ddp(x), yb)
     total = args.warmup + args.steps
     done, epoch, start = 0, 0, 0.0
     while done < total:
@@ -68,10 +77,11 @@ def worker(args: argparse.Namespace) -> None:
             if done == args.warmup:
                 torch_dist.barrier()
                 start = time.perf_counter()
-            x = xb.float() / 255.0 if not torch.is_floating_point(xb) else xb
             opt.zero_grad()
-            loss = F.cross_entropy(ddp(x), yb)
+            loss = step_loss(xb, yb)
             loss.backward()  # DDP all-reduces the gradient buckets here
+            if args.model == "gpt":  # as hpcdp's lm task: clip the averaged gradients
+                torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             opt.step()
             done += 1
             if done == total:
@@ -85,6 +95,22 @@ def worker(args: argparse.Namespace) -> None:
                   "step_ms": 1000 * seconds / args.steps}
         Path(args.json).write_text(json.dumps(result) + "\n")
     torch_dist.destroy_process_group()
+
+
+def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any, Any, Any]:
+    """The lm task's pieces: token windows, the GPT of lm_markov.toml's shape, AdamW groups."""
+    import torch
+
+    from hpcdp import gpt
+    from hpcdp.data.token_reader import TokenReader
+
+    reader = TokenReader(Path(args.data) / "train.h5", seq_len=args.seq_len,
+                         batch_size=args.batch, rank=rank, world_size=size, seed=0)
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(reader.vocab_size, args.seq_len, layers=2, heads=2, width=64))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(gpt.param_groups(ddp.module, 0.1), lr=3e-3, betas=(0.9, 0.95))
+    return reader, ddp, opt, lambda x, y: gpt.lm_loss(ddp(x), y)
 
 
 def free_port() -> int:

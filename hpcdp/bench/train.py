@@ -28,8 +28,9 @@ from typing import Any
 
 from hpcdp.bench import TARGET_VS_CEILING, ceiling, common
 
-MODELS = ("digits_cnn", "resnet18")
+MODELS = ("digits_cnn", "resnet18", "gpt")
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.toml"
+LM_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lm_markov.toml"
 TARGET_EFFICIENCY = 0.9
 TARGET_DATA_SHARE = 0.05
 TARGET_VS_DDP = 1.0
@@ -111,6 +112,14 @@ def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]
     return out
 
 
+def token_rates(s: Mapping[str, Any], seq_len: int, ranks: int = 2) -> dict[str, Any]:
+    """A language model's samples (windows of `seq_len` target tokens) per second as tokens."""
+    ddp = s.get(f"ddp_samples_per_s_{ranks}")
+    return {"tokens_per_s_1": s["samples_per_s_1"] * seq_len,
+            f"tokens_per_s_{ranks}": s[f"samples_per_s_{ranks}"] * seq_len,
+            f"ddp_tokens_per_s_{ranks}": ddp * seq_len if ddp else None}
+
+
 def round_efficiencies(one: Sequence[Mapping[str, Any]], many: Sequence[Mapping[str, Any]],
                        ranks: int = 2) -> list[float]:
     """Efficiency within each round (its own 1-rank and n-rank runs, launched back to
@@ -158,6 +167,7 @@ def _pythonpath_env() -> dict[str, str]:
 def prepare_data(root: Path, samples: int, timeout: float) -> dict[str, Path]:
     """The digits and a synthetic CIFAR-shaped dataset, written once for every run."""
     recipes = {
+        "gpt": [],
         "digits_cnn": ["digits"],
         "resnet18": ["synthetic", "--samples", str(samples), "--val-samples", "256",
                      "--shape", "3,32,32", "--dtype", "uint8", "--classes", "10"],
@@ -166,6 +176,8 @@ def prepare_data(root: Path, samples: int, timeout: float) -> dict[str, Path]:
     for model, recipe in recipes.items():
         out = root / model
         cmd = [sys.executable, "-m", "hpcdp.data.prep", *recipe, "--out", str(out)]
+        if model == "gpt":  # the tiny GPT's demo corpus (tokens; sizes in docs/lm.md)
+            cmd = [sys.executable, "-m", "hpcdp.data.markov_prep", "--out", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **_pythonpath_env()})
         if done.returncode:
@@ -176,7 +188,8 @@ def prepare_data(root: Path, samples: int, timeout: float) -> dict[str, Path]:
 
 def train_overrides(model: str, data: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
     """`hpcdp train` arguments: a fixed step count, windows of `warmup` steps, no extra output."""
-    argv = [] if model != "digits_cnn" else ["--config", str(DIGITS_CONFIG)]
+    config = {"digits_cnn": DIGITS_CONFIG, "gpt": LM_CONFIG}.get(model)
+    argv = ["--config", str(config)] if config else []
     argv += [f"data.path={data}", f"run.dir={run_dir}", f"model.name={model}",
              f"data.batch_size={args.batch}", f"run.max_steps={args.warmup + args.steps}",
              "run.epochs=100000", f"log.every_steps={args.window}", "log.tensorboard=false",
@@ -184,6 +197,8 @@ def train_overrides(model: str, data: Path, run_dir: Path, args: argparse.Namesp
              "checkpoint.keep=1"]
     if model == "resnet18":
         argv += [f"image.width={args.width}", f"image.cifar_stem={str(args.cifar_stem).lower()}"]
+    if model == "gpt":
+        argv += [f"lm.seq_len={args.seq_len}", "data.global_batch_size=0"]  # batch per rank
     return argv + list(args.set)
 
 
@@ -209,6 +224,8 @@ def run_ddp(model: str, data: Path, np: int, json_path: Path,
              "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(json_path)]
     if model == "resnet18":
         wargs += ["--width", str(args.width)] + (["--cifar-stem"] if args.cifar_stem else [])
+    if model == "gpt":
+        wargs += ["--seq-len", str(args.seq_len)]
     ok, output = ddp_reference.launch(wargs, np, args.timeout)
     if not ok:
         raise common.BenchError(f"DDP reference for {model} failed:\n{output[-6000:]}")
@@ -252,7 +269,9 @@ def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hpcdp bench train", description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=",".join(MODELS), help="comma list of digits_cnn,resnet18")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="comma list of digits_cnn,resnet18,gpt (gpt: hpcdp/configs/lm_markov.toml)")
+    p.add_argument("--seq-len", type=int, default=64, help="gpt: tokens per window")
     p.add_argument("--steps", type=int, default=40, help="timed steps per run, after the warm-up")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start")
     p.add_argument("--window", type=int, default=10,
@@ -378,11 +397,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hpcdp bench train: {err}", file=sys.stderr)
             return 1
     summary = summarize(runs, ddp)
+    if "gpt" in summary:
+        summary["gpt"].update(token_rates(summary["gpt"], args.seq_len))
     verdict = checks(summary)
     print(f"\nweak scaling, 1 vs 2 ranks (mpirun, one thread per rank), batch {args.batch}/rank, "
           f"{args.steps} steps after {args.warmup} warm-up, median of {args.rounds} round(s); "
           f"shares of the 2-rank step time")
     print(table(summary))
+    if "gpt" in summary:
+        g = summary["gpt"]
+        ddp_text = (f", DDP 2 ranks {g['ddp_tokens_per_s_2']:.0f}"
+                    if g.get("ddp_tokens_per_s_2") else "")
+        print(f"  gpt: tokens/s 1 rank {g['tokens_per_s_1']:.0f}, 2 ranks "
+              f"{g['tokens_per_s_2']:.0f}{ddp_text} (windows of {args.seq_len} tokens)")
     for model, s in summary.items():
         per_round = s["efficiency_per_round"]
         if len(per_round) > 1:

@@ -18,6 +18,18 @@ it. The training package (hpcdp.train) asks the task for:
   over ranks by its own distributed wrapper;
 - `defaults`: config values the task changes (any section), applied before the
   config file.
+
+Optional:
+
+- `readers(cfg, rank, size, batch, device)`: the task's own (training reader,
+  validation batches) instead of the sharded image readers: the training reader
+  has the ShardedReader's shape (set_epoch, iteration, len, steps_per_epoch,
+  sample_shape, state_dict/load_state_dict); the validation one is iterable
+  afresh for each validation, this rank's share of every sample once;
+- `derive(values)`: metrics computed from the reduced ones (perplexity from the
+  mean loss: never a mean of per-rank values), for training windows and validation;
+- `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
+  samples/s over all `ranks` (tokens/s, MFU), for the log lines and summary.json.
 """
 
 from __future__ import annotations
@@ -69,6 +81,15 @@ def _first_len(targets: Any) -> int:
     return len(targets)
 
 
+def _nothing(values: Mapping[str, Any]) -> dict[str, float]:
+    return {}
+
+
+def _no_rates(cfg: Config, model: torch.nn.Module, samples_per_s: float, ranks: int,
+              device: torch.device) -> dict[str, float]:
+    return {}
+
+
 @dataclass(frozen=True)
 class Task:
     """Everything a workload supplies to the shared trainer (see the module doc)."""
@@ -84,6 +105,10 @@ class Task:
     optimizers: Callable[[Config, torch.nn.Module], list[torch.optim.Optimizer]]
     count: Callable[[Any], int] = _first_len
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    readers: Callable[[Config, int, int, int, torch.device], tuple[Any, Any]] | None = None
+    derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
+    rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
+                    dict[str, float]] = _no_rates
 
     def check_model(self, name: str) -> None:
         """Raise ConfigError naming the choices when the task has no model `name`."""
@@ -113,4 +138,5 @@ def default_optimizers(cfg: Config, model: torch.nn.Module) -> list[torch.optim.
         return [torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
                                 nesterov=o.nesterov and o.momentum > 0,
                                 weight_decay=o.weight_decay)]
-    return [torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)]
+    return [torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
+                              betas=(o.betas[0], o.betas[1]))]

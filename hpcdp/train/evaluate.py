@@ -75,4 +75,6 @@ def evaluate(run: Any) -> dict[str, Any]:
             sums.add(run.task.measure(out, targets, loss), run.task.count(targets),
                      len(batch[0]))
     run.model.train()
-    return sums.reduce("val")
+    values = sums.reduce("val")
+    values.update(run.task.derive(values))  # from the reduced sums, not per rank
+    return values

@@ -189,24 +189,35 @@ def report_window(run: setup.Run, rep: Reporter, window: StepTimes, sums: Metric
     """Collective: the task's metrics over ranks, then rank 0 logs and records."""
     values = sums.reduce("train")
     values.pop("samples", None)
+    values.update(run.task.derive(values))
     times = window.summary()
     times["samples_per_s"] *= run.size  # every rank processes the same number of samples
+    rates = run.task.rates(run.cfg, run.model, times["samples_per_s"], run.size,
+                           run.device)
     spread = (rank_spread(dist.gather_floats(times["busy_ms"], "hpcdp.busy"))  # collective
               if run.size > 1 else {})
-    record = {"epoch": state.epoch, **values, "lr": lr, **times, **spread}
+    record = {"epoch": state.epoch, **values, "lr": lr, **times, **rates, **spread}
     rep.record("train", state.step, record)
     rep.info(f"step {state.step}/{run.total_steps} epoch {state.epoch} "
              f"{metrics_text(values, list(values))} lr {lr:.4g} | "
-             f"{times['samples_per_s']:.0f} samples/s, step {times['step_ms']:.1f} ms (data "
-             f"{times['data_ms']:.1f}, compute {times['compute_ms']:.1f}, comm "
-             f"{times['comm_ms']:.1f}){spread_text(spread)}")
+             f"{times['samples_per_s']:.0f} samples/s{rates_text(rates)}, step "
+             f"{times['step_ms']:.1f} ms (data {times['data_ms']:.1f}, compute "
+             f"{times['compute_ms']:.1f}, comm {times['comm_ms']:.1f}){spread_text(spread)}")
+
+
+def rates_text(rates: dict[str, float]) -> str:
+    """A task's throughput figures for a log line: ', 52000 tokens/s, MFU 31.2%'."""
+    parts = [f"{rates['tokens_per_s']:.0f} tokens/s" if k == "tokens_per_s" else
+             f"MFU {100 * rates['mfu']:.1f}%" if k == "mfu" else f"{k} {v:.4g}"
+             for k, v in rates.items()]
+    return "".join(f", {p}" for p in parts)
 
 
 def validate(run: setup.Run, state: TrainState, rep: Reporter) -> dict[str, Any]:
     """Collective: every validation sample scored once; rank 0 records and logs."""
     values = evaluate(run)
     rep.record("val", state.step, {"epoch": state.epoch, **values})
-    names = [m.name for m in run.task.metrics]
+    names = [m.name for m in run.task.metrics] + list(run.task.derive(values))
     rep.info(f"epoch {state.epoch} done at step {state.step}: val "
              f"{metrics_text(values, names)} ({values['samples']} samples)")
     return values
@@ -240,8 +251,9 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
                                     "hpcdp.throughput")[0]       # collective: throughput
     final = ckpts.path(state.step)
     val = {f"val_{k}": v for k, v in out.last_val.items()}
+    rates = run.task.rates(cfg, run.model, throughput, run.size, run.device)
     summary = {
-        **val, "samples_per_s": throughput, "steps": state.step, "epochs": state.epoch,
+        **val, "samples_per_s": throughput, **rates, "steps": state.step, "epochs": state.epoch,
         "world_size": run.size, "task": cfg.task.name, "model": cfg.model.name,
         "global_batch": run.global_batch, "lr_scaling": cfg.optim.lr_scaling,
         "peak_lr": run.schedule.peak_lr,
@@ -251,6 +263,7 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
     }
     if run.root:
         (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    rep.info(f"done: val {metrics_text(out.last_val, [m.name for m in run.task.metrics])}, "
-             f"{throughput:.0f} samples/s on {run.size} rank(s), {state.step} steps; outputs "
-             f"in {cfg.run_dir}")
+    names = [m.name for m in run.task.metrics] + list(run.task.derive(out.last_val))
+    rep.info(f"done: val {metrics_text(out.last_val, names)}, "
+             f"{throughput:.0f} samples/s{rates_text(rates)} on {run.size} rank(s), "
+             f"{state.step} steps; outputs in {cfg.run_dir}")

@@ -124,6 +124,11 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
 
     batch = per_rank_batch(cfg, size)
     accum = cfg.horovod.backward_passes_per_step
+    if task.readers is not None:  # the task reads its own format (the LM: token windows)
+        train_reader, val_reader = task.readers(cfg, rank, size, batch, device)
+        _KEEP_OPEN.extend((train_reader, val_reader))
+        check_accumulation(train_reader, cfg.data.train_file, accum)
+        return train_reader, val_reader, batch
     root = Path(cfg.data.path)
     train_path, val_path = root / cfg.data.train_file, root / cfg.data.val_file
     wanted = list(task.datasets(cfg))
@@ -144,13 +149,17 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
                              batch_size=cfg.data.val_batch_size or batch, rank=rank,
                              world_size=size)
     _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py
-    if train_reader.steps_per_epoch < accum:
-        raise ConfigError(f"{train_path}: {train_reader.steps_per_epoch} batches per epoch, "
-                          f"fewer than horovod.backward_passes_per_step={accum}")
+    check_accumulation(train_reader, train_path, accum)
     if tuple(val_info.sample_shape) != tuple(info.sample_shape):
         raise ConfigError(f"{val_path}: samples shaped {val_info.sample_shape}, but "
                           f"{train_path} has {info.sample_shape}")
     return train_reader, val_reader, batch
+
+
+def check_accumulation(train_reader: Any, train_path: Any, accum: int) -> None:
+    if train_reader.steps_per_epoch < accum:
+        raise ConfigError(f"{train_path}: {train_reader.steps_per_epoch} batches per epoch, "
+                          f"fewer than horovod.backward_passes_per_step={accum}")
 
 
 def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],

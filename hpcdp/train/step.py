@@ -96,8 +96,12 @@ def update(run: Run, step: int) -> None:
     Gradients are averaged over ranks by now, so one rank's NaN is on every rank:
     each decides alike without another collective. (A GradScaler skips such steps.)
     """
-    ok = run.scaler is not None or finite(
-        p.grad for p in run.model.parameters() if p.grad is not None)
+    if run.cfg.optim.grad_clip > 0:
+        norm = clip(run, run.cfg.optim.grad_clip)
+        ok = run.scaler is not None or bool(torch.isfinite(norm))
+    else:
+        ok = run.scaler is not None or finite(
+            p.grad for p in run.model.parameters() if p.grad is not None)
     if not ok:
         if run.cfg.run.on_nan == "stop":
             raise nonfinite(step, run.cfg, "loss or gradients", can_skip=True)
@@ -114,6 +118,22 @@ def update(run: Run, step: int) -> None:
                 opt.step()
         if run.scaler is not None:
             run.scaler.update()
+
+
+def clip(run: Run, max_norm: float) -> torch.Tensor:
+    """Scale the averaged gradients down to global L2 norm `max_norm`; returns the norm before.
+
+    Called after `synchronize()`, so every rank clips the same averaged gradients
+    by the same factor (clipping each rank's own gradients would not be what one
+    process with the whole batch does). Under a GradScaler the gradients are
+    unscaled first. The norm doubles as the finiteness check: NaN or inf in any
+    gradient makes it non-finite.
+    """
+    if run.scaler is not None:
+        for opt in run.optimizers:
+            run.scaler.unscale_(opt)
+    params = [p for p in run.model.parameters() if p.grad is not None]
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
 def finite(tensors: Iterable[torch.Tensor]) -> bool:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from hpcdp.bench import targets
-from hpcdp.bench.train import checks, efficiency, shares, steady_state, summarize
+from hpcdp.bench.train import checks, efficiency, shares, steady_state, summarize, token_rates
 
 
 def test_efficiency_is_the_weak_scaling_ratio() -> None:
@@ -86,3 +86,10 @@ def test_target_rows_of_the_other_benchmarks() -> None:
     reader = targets("reader", {"summary": {"checks": {"a": True, "b": False}}})
     assert [ok for _, _, ok in reader] == [True, False]
     assert math.isfinite(efficiency(1.0, 1.0))
+
+
+def test_token_rates_count_target_tokens_of_each_window() -> None:
+    s = {"samples_per_s_1": 100.0, "samples_per_s_2": 190.0, "ddp_samples_per_s_2": 180.0}
+    assert token_rates(s, 64) == {"tokens_per_s_1": 6400.0, "tokens_per_s_2": 12160.0,
+                                     "ddp_tokens_per_s_2": 11520.0}
+    assert token_rates({**s, "ddp_samples_per_s_2": None}, 8)["ddp_tokens_per_s_2"] is None

@@ -1,0 +1,157 @@
+"""Language modelling: a GPT (hpcdp.gpt) on token windows (hpcdp.data.tokens).
+
+Reads `data.train_file` and `data.val_file` as token files: training through the
+TokenReader (shuffled windows of `lm.seq_len` + 1 tokens, equal steps, exact
+resume), validation over every window of the validation file once
+(`TokenReader.eval_batches`). The model's vocabulary is the training file's.
+Loss: mean cross-entropy in nats per target token; perplexity is exp of the
+loss reduced over all ranks and batches. Throughput adds tokens/s and, where a
+peak is known (a listed GPU, or `lm.peak_tflops`), the model FLOPs utilization.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpcdp import gpt
+from hpcdp.config import Config
+from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
+
+
+def datasets(cfg: Config) -> Sequence[Dataset]:
+    return (Dataset("tokens", "tokens", kinds="u"),)
+
+
+def gpt_config(cfg: Config, vocab_size: int) -> gpt.GPTConfig:
+    c = cfg.lm
+    return gpt.GPTConfig(vocab_size, c.seq_len, c.layers, c.heads, c.width, c.mlp_ratio,
+                         c.dropout)
+
+
+def train_path(cfg: Config) -> Path:
+    return Path(cfg.data.path) / cfg.data.train_file
+
+
+def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
+    """The GPT for the training file's vocabulary (read from its attributes)."""
+    from hpcdp.data import tokens as tk
+
+    return gpt.GPT(gpt_config(cfg, tk.validate_tokens(train_path(cfg)).vocab_size))
+
+
+class Validation:
+    """This rank's share of every validation window, iterable afresh for each validation."""
+
+    def __init__(self, reader: Any, batch_size: int) -> None:
+        self.reader, self.batch_size = reader, batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.reader.eval_batches(self.batch_size)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def readers(cfg: Config, rank: int, size: int, batch: int,
+            device: torch.device) -> tuple[Any, Validation]:
+    """TokenReaders for both splits; every check (validate_tokens) runs here, on every rank."""
+    from hpcdp.data.token_reader import TokenReader
+
+    sha = cfg.lm.tokenizer_sha256 or None
+    root = Path(cfg.data.path)
+    train = TokenReader(
+        root / cfg.data.train_file, seq_len=cfg.lm.seq_len, batch_size=batch, rank=rank,
+        world_size=size, seed=cfg.run.seed, window_samples=cfg.data.window_samples or None,
+        virtual_shards=cfg.data.virtual_shards or None, prefetch=cfg.data.prefetch,
+        tokenizer_sha256=sha)
+    # One window per rank at least (batch 1 here); validation batches are val_batch_size.
+    val = TokenReader(root / cfg.data.val_file, seq_len=cfg.lm.seq_len, batch_size=1,
+                      rank=rank, world_size=size, prefetch=0, tokenizer_sha256=sha)
+    if val.vocab_size != train.vocab_size:
+        from hpcdp.data.token_reader import TokenReaderError
+
+        raise TokenReaderError(f"{val.path}: vocabulary {val.vocab_size}, but {train.path} "
+                               f"has {train.vocab_size}")
+    return train, Validation(val, cfg.data.val_batch_size or batch)
+
+
+def prepare(batch: Any, cfg: Config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs, targets = batch
+    return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+
+def measure(out: torch.Tensor, targets: torch.Tensor, mean_loss: torch.Tensor
+            ) -> Mapping[str, torch.Tensor]:
+    """The batch's summed loss over its target tokens (mean x tokens)."""
+    return {"loss": mean_loss.detach().double() * targets.numel()}
+
+
+def count(targets: torch.Tensor) -> int:
+    """Mean metrics are per target token."""
+    return targets.numel()
+
+
+def derive(values: Mapping[str, Any]) -> dict[str, float]:
+    """Perplexity: exp of the mean loss over every token of every rank (not a mean of exps)."""
+    if "loss" not in values:
+        return {}
+    loss = float(values["loss"])
+    return {"perplexity": math.exp(loss) if loss < 700 else float("inf")}
+
+
+def peak_flops(cfg: Config, device: torch.device) -> float | None:
+    """FLOP/s of one device: configured, else a known GPU's bf16 peak, else None."""
+    if cfg.lm.peak_tflops > 0:
+        return cfg.lm.peak_tflops * 1e12
+    if device.type == "cuda":
+        return gpt.peak_flops(torch.cuda.get_device_name(device))
+    return None
+
+
+def rates(cfg: Config, net: torch.nn.Module, samples_per_s: float, ranks: int,
+          device: torch.device) -> dict[str, float]:
+    """tokens/s over all `ranks`, and MFU (per device: one rank's share) where a peak is known."""
+    tokens_per_s = samples_per_s * cfg.lm.seq_len
+    out = {"tokens_per_s": tokens_per_s}
+    peak = peak_flops(cfg, device)
+    if peak and isinstance(net, gpt.GPT):
+        flops = gpt.flops_per_token(net.cfg, gpt.num_params(net, embeddings=False))
+        out["mfu"] = gpt.mfu(tokens_per_s / max(ranks, 1), flops, peak)
+    return out
+
+
+def optimizers(cfg: Config, net: torch.nn.Module) -> list[torch.optim.Optimizer]:
+    """AdamW with decay on matrices and embeddings, none on biases and norms (SGD: plain)."""
+    o = cfg.optim
+    if o.name != "adamw":
+        return default_optimizers(cfg, net)
+    return [torch.optim.AdamW(gpt.param_groups(net, o.weight_decay), lr=o.lr,
+                              betas=(o.betas[0], o.betas[1]))]
+
+
+TASK = Task(
+    name="lm",
+    models=("gpt",),
+    datasets=datasets,
+    build_model=model,
+    prepare=prepare,
+    loss=gpt.lm_loss,
+    measure=measure,
+    metrics=(Metric("loss", "mean"),),
+    optimizers=optimizers,
+    count=count,
+    defaults={
+        "model": {"name": "gpt"},
+        "optim": {"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1,
+                  "grad_clip": 1.0, "lr_scaling": "none"},
+        "schedule": {"kind": "cosine", "min_factor": 0.1},
+    },
+    readers=readers,
+    derive=derive,
+    rates=rates,
+)
