@@ -16,9 +16,10 @@ RUN=${DEMO_LM_RUN:-runs/lm_markov}
 MARGIN=${DEMO_LM_MARGIN:-0.05}
 NP=${DEMO_NP:-2}
 
+# Threads and MPI yielding are not exported: training and prep choose them from the
+# CPUs each rank may use (hpcdp.hvd_settings), as for any plain command.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
-export PYTHONUNBUFFERED=1
+export HDF5_USE_FILE_LOCKING=FALSE PYTHONUNBUFFERED=1
 
 say() { echo "demo-lm: $*"; }
 
