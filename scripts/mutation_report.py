@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from collections import Counter
 from pathlib import Path
+
+import tomllib
 
 KILLED, SURVIVED = 1, 0
 
