@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
+import os
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -226,6 +228,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -284,6 +288,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, with errors that name the file."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a folder, not a TOML file")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
@@ -291,6 +297,8 @@ def load_file(path: str | Path) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (TOML expected)") from None
     except OSError as e:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
 
@@ -298,12 +306,15 @@ def load_file(path: str | Path) -> dict[str, Any]:
 def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the file, then the overrides; then the semantic checks."""
     cfg = Config()
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"--config: expected a file path, got {path!r}")  # e.g. --config=--
     if path is not None:
         apply_mapping(cfg, load_file(path), f"in {str(path)!r}")
     for text in overrides:
         sec, key, value = parse_override(text)
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
     validate(cfg)
+    check_paths(cfg)
     return cfg
 
 
@@ -370,6 +381,56 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"preempt.signals: {sig!r} is not one of {', '.join(SIGNAL_NAMES)}")
     if cfg.run.precision == "fp16" and cfg.run.device == "cpu":
         raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 on CPUs)")
+    _validate_more(cfg)
+
+
+def _validate_more(cfg: Config) -> None:
+    """Ranges the optimizer, the seed and the run folder would otherwise reject mid-setup."""
+    if not 0 <= cfg.run.seed < 2**63:
+        raise ConfigError(f"run.seed={cfg.run.seed}: must lie in [0, 2**63)")
+    if cfg.optim.momentum < 0:
+        raise ConfigError(f"optim.momentum={cfg.optim.momentum}: must not be negative")
+    if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
+        raise ConfigError("optim.nesterov=true needs a positive optim.momentum")
+    if cfg.schedule.gamma <= 0:
+        raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
+    if any(m < 0 for m in cfg.schedule.milestones):
+        raise ConfigError(f"schedule.milestones={cfg.schedule.milestones}: must not be negative")
+    name = cfg.run.name
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"run.name={name!r}: must be a plain folder name (set run.dir for a "
+                          "path)")
+    for key in ("data.train_file", "data.val_file", "data.x_name", "data.y_name",
+                "checkpoint.resume"):
+        sec, attr = key.split(".")
+        if not getattr(getattr(cfg, sec), attr):
+            raise ConfigError(f"{key} must not be empty")
+    for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline"):
+        sec, attr = key.split(".")
+        if "\0" in getattr(getattr(cfg, sec), attr):
+            raise ConfigError(f"{key} must not hold a NUL character")
+
+
+def check_paths(cfg: Config) -> None:
+    """Paths that exist but are the wrong kind (a file where a folder belongs, or back).
+
+    Paths that do not exist yet are fine here: the run creates its folders, and
+    the data checks name a missing file on every rank before any collective.
+    """
+    folders = {"data.path": cfg.data.path, "run.dir": str(cfg.run_dir),
+               "checkpoint.dir": str(cfg.checkpoint_dir)}
+    for key, folder in folders.items():
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise ConfigError(f"{key}: {folder!r} is a file, not a folder")
+    files = {"data.train_file": os.path.join(cfg.data.path, cfg.data.train_file),
+             "data.val_file": os.path.join(cfg.data.path, cfg.data.val_file)}
+    if cfg.checkpoint.resume not in ("auto", "none"):
+        files["checkpoint.resume"] = cfg.checkpoint.resume
+    if cfg.horovod.timeline:
+        files["horovod.timeline"] = str(cfg.run_dir / cfg.horovod.timeline)
+    for key, file in files.items():
+        if os.path.isdir(file):
+            raise ConfigError(f"{key}: {file!r} is a folder, not a file")
 
 
 def dumps(cfg: Config) -> str:

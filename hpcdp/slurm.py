@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import shlex
 import subprocess
@@ -24,6 +25,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hpcdp.cliargs import parse_args
 from hpcdp.hvd_settings import RECOMMENDED
 
 # Signals hpcdp.preempt turns into checkpoint-and-requeue (its default preempt.signals).
@@ -38,9 +40,10 @@ MANAGED = (
 )
 _TIME = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-    r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)$"
+    r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)\Z",
+    re.ASCII,  # \d is 0-9 only, and \Z refuses a trailing newline that $ would let through
 )
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*=")
 _OPTION = re.compile(r"^--(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)
 
@@ -431,10 +434,42 @@ def _parser() -> argparse.ArgumentParser:
         for name, param in inspect.signature(render).parameters.items():
             _add_option(p, name, param, hints[name])
         if action == "render":
-            p.add_argument("--out", help="write the script here instead of stdout")
+            p.add_argument("--out", help="write the script here instead of stdout (an "
+                                         "existing file only with --overwrite)")
         else:
-            p.add_argument("--save", help="also write the submitted script here")
+            p.add_argument("--save", help="also write the submitted script here (an "
+                                          "existing file only with --overwrite)")
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace the file --out/--save names if it exists")
     return parser
+
+
+def check_target(flag: str, path: str, overwrite: bool) -> None:
+    """Where --out/--save writes: refused before anything is rendered or submitted.
+
+    A script someone edited by hand is lost when a render lands on it, so an
+    existing file is replaced only when asked.
+    """
+    target = Path(path)
+    if not path or "\0" in path:
+        raise RenderError(f"{flag} {path!r}: expected a file path")
+    if target.is_dir():
+        raise RenderError(f"{flag} {path}: is a folder, not a file")
+    if not target.parent.is_dir():
+        raise RenderError(f"{flag} {path}: the folder {str(target.parent)!r} does not exist")
+    if target.exists() and not overwrite:
+        raise RenderError(f"{flag} {path}: already exists; pass --overwrite to replace it")
+
+
+def write_script(path: str, script: str) -> None:
+    """Write under a temporary name, then rename: a reader never sees half a script."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(script)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _options(ns: argparse.Namespace) -> dict[str, object]:
@@ -458,20 +493,24 @@ def _options(ns: argparse.Namespace) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = parse_args(_parser(), sys.argv[1:] if argv is None else argv)
+    flag, target = ("--out", ns.out) if ns.action == "render" else ("--save", ns.save)
     try:
+        if target is not None:
+            check_target(flag, target, ns.overwrite)
         script = render_options(_options(ns))
+        if target is not None:
+            write_script(target, script)
     except RenderError as e:
         print(f"hpcdp slurm {ns.action}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"hpcdp slurm {ns.action}: {flag} {target}: {e.strerror or e}", file=sys.stderr)
+        return 2
     if ns.action == "render":
-        if ns.out:
-            Path(ns.out).write_text(script)
-        else:
+        if target is None:
             sys.stdout.write(script)
         return 0
-    if ns.save:
-        Path(ns.save).write_text(script)
     try:
         print(submit(script))
     except RuntimeError as e:

@@ -22,7 +22,8 @@ export PYTHONUNBUFFERED=1
 say() { echo "demo: $*"; }
 
 say "preparing the digits with $NP ranks -> $DATA"
-mpirun -np "$NP" --oversubscribe --bind-to none "$PY" datasets/digits.py --out "$DATA"
+# --overwrite: the demo's own data folder is rewritten (the same digits) on every run.
+mpirun -np "$NP" --oversubscribe --bind-to none "$PY" datasets/digits.py --out "$DATA" --overwrite
 
 say "training the small CNN with horovodrun -np $NP -> $RUN"
 rm -rf "$RUN"  # the demo's own output folder: start fresh, never resume an old demo

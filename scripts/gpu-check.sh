@@ -150,7 +150,7 @@ fi
 
 # 3. training the digits CNN on the GPU (fp32; bf16 and fp16 further down).
 DATA="$OUTDIR/data/digits"
-run prep-digits 120 "$PY" datasets/digits.py --out "$DATA"
+run prep-digits 120 "$PY" datasets/digits.py --out "$DATA" --overwrite
 [ $rc -eq 0 ] || fail "digits preparation"
 acc_of() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["val_acc"])' "$1"; }
 field_of() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
@@ -175,7 +175,7 @@ train_digits train-fp32 fp32 0.93
 
 # 4. ResNet-18 on CIFAR-shaped synthetic data: throughput and the step-time split.
 SYN="$OUTDIR/data/cifar"
-run prep-cifar 300 "$PY" datasets/synthetic.py --out "$SYN" --samples 50000 \
+run prep-cifar 300 "$PY" datasets/synthetic.py --out "$SYN" --overwrite --samples 50000 \
   --val-samples 2048 --shape 3,32,32 --dtype uint8 --classes 10
 for precision in fp32 bf16; do
   name=resnet18-$precision

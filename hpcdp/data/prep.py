@@ -12,16 +12,20 @@ aggregation pays. With compression, rank 0 writes alone: parallel HDF5 1.10
 cannot reliably write filtered datasets through MPI-IO.
 
 Each file is written under a temporary name and renamed when complete, so a
-failed run never clobbers an existing good file. Bad input is detected on every
-rank and agreed on (an all-gather of errors) before any collective file
-operation, so every rank prints the problem and exits non-zero.
+failed run never clobbers an existing good file; a file already there is
+replaced only with ``--overwrite``. Bad input (that refusal included) is
+detected on every rank and agreed on (an all-gather of errors) before any
+collective file operation, so every rank prints the problem and exits 2 with
+nothing written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -33,6 +37,7 @@ import numpy as np
 
 from hpcdp import __version__
 from hpcdp.cli import report_crashes
+from hpcdp.cliargs import parse_args
 from hpcdp.data import sources as src
 
 #: Target chunk size: about 1 MiB of samples (at least one sample).
@@ -261,9 +266,19 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any)
 # -- command line ---------------------------------------------------------------------
 
 
+EXIT_STATUS = ("Exit status: 0 written; 2 bad input or an existing output file without "
+               "--overwrite (nothing written); 1 a failure while writing (old files kept).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--out", required=True, help="output folder (one NAME.h5 per split)")
+    common.add_argument("--out", required=True,
+                        help="output folder (one NAME.h5 per split); a NAME.h5 already there "
+                             "is an error unless --overwrite")
+    common.add_argument("--overwrite", action="store_true",
+                        help="replace NAME.h5 files already in --out (each new file is written "
+                             "under a temporary name and renamed over the old one only when "
+                             "complete)")
     common.add_argument("--seed", type=int, default=0, help="seed of the data and the split")
     common.add_argument("--x-name", default="x", help="dataset name of the samples")
     common.add_argument("--y-name", default="y", help="dataset name of the labels")
@@ -274,20 +289,23 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--mpio", choices=("independent", "collective"), default="independent",
                         help="MPI-IO transfer of the data slabs with several ranks (default: "
                              "independent; every rank writes its own contiguous slab)")
-    common.add_argument("--report", help="rank 0 writes timing and sizes as JSON here")
+    common.add_argument("--report", help="rank 0 writes timing and sizes as JSON here "
+                                          "(replaced if it exists, like benchmark results)")
     parser = argparse.ArgumentParser(
-        prog="hpcdp prep", description="Write a dataset as chunked, samples-first HDF5.")
+        prog="hpcdp prep", description="Write a dataset as chunked, samples-first HDF5.",
+        epilog=EXIT_STATUS)
     sub = parser.add_subparsers(dest="source", required=True)
-    p = sub.add_parser("digits", parents=[common],
+    p = sub.add_parser("digits", parents=[common], epilog=EXIT_STATUS,
                        help="scikit-learn's bundled 8x8 digits -> train.h5, val.h5 (uint8)")
     p.add_argument("--val-fraction", type=float, default=0.2)
-    p = sub.add_parser("synthetic", parents=[common], help="seeded random samples of any shape")
+    p = sub.add_parser("synthetic", parents=[common], epilog=EXIT_STATUS,
+                       help="seeded random samples of any shape")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--shape", default="3,32,32", help="sample shape, e.g. 3,32,32")
     p.add_argument("--dtype", default="uint8")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--val-samples", type=int, default=0, help="also write val.h5 with this many")
-    p = sub.add_parser("arrays", parents=[common],
+    p = sub.add_parser("arrays", parents=[common], epilog=EXIT_STATUS,
                        help="your .npy/.npz arrays, memory-mapped (never loaded whole)")
     p.add_argument("--x", required=True, dest="x_path", help="samples: .npy or .npz")
     p.add_argument("--y", dest="y_path", help="labels: .npy or .npz (default: none, or the "
@@ -300,8 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_sources(args: argparse.Namespace) -> list[src.Source]:
     """The splits the options ask for; `SourceError` on bad options or input files."""
-    if args.seed < 0:
-        raise src.SourceError(f"--seed must be non-negative, got {args.seed}")
+    if not 0 <= args.seed < 2**63:
+        raise src.SourceError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.source == "digits":
         return src.digits(args.seed, args.val_fraction)
     if args.source == "synthetic":
@@ -309,15 +327,88 @@ def make_sources(args: argparse.Namespace) -> list[src.Source]:
             raise src.SourceError(f"--val-samples must be non-negative, got {args.val_samples}")
         return src.synthetic(args.samples, src.parse_shape(args.shape), args.dtype,
                              args.classes, args.seed, args.val_samples)
+    check_name("--split", args.split)
     return src.arrays(args.x_path, args.y_path, args.x_key, args.y_key or None, args.split)
 
 
-def _check_out(out: str) -> None:
+def check_name(flag: str, name: str) -> None:
+    """A dataset or split name: one plain name (no path, no NUL, valid UTF-8 for HDF5)."""
+    plain = bool(name) and name not in (".", "..") and name == name.strip()
+    if not plain or "/" in name or "\0" in name or not name.isprintable():
+        raise PrepError(f"{flag} {name!r}: expected a plain name like 'train' or 'x' "
+                        "(not empty, no '/', no control characters or surrounding spaces)")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PrepError(f"{flag} {name!r}: not valid UTF-8 text") from None
+
+
+def write_options(args: argparse.Namespace) -> WriteOptions:
+    """The writer's options from the command line; `PrepError` names a bad one."""
+    if not (math.isfinite(args.chunk_mib) and 0 < args.chunk_mib * 2**20 <= src.MAX_SAMPLE_BYTES):
+        raise PrepError(f"--chunk-mib {args.chunk_mib}: expected a size in MiB above 0 and "
+                        "below 4096 (HDF5's chunk limit)")
+    check_name("--x-name", args.x_name)
+    if args.y_name:
+        check_name("--y-name", args.y_name)
+    if args.x_name == args.y_name:
+        raise PrepError(f"--x-name and --y-name are both {args.x_name!r}")
+    return WriteOptions(x_name=args.x_name, y_name=args.y_name or None,
+                        compression=args.compression,
+                        chunk_bytes=max(1, int(args.chunk_mib * 2**20)), seed=args.seed,
+                        source_name=args.source, collective=args.mpio == "collective")
+
+
+def _existing_parent(path: str) -> str:
+    """The nearest folder above `path` that exists (where a new folder would be made)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def check_out(out: str, sources: Sequence[src.Source], overwrite: bool) -> None:
+    """Refuse an output folder that cannot hold the splits, or whose files would be lost.
+
+    Creates nothing: the folder is made only after every rank agreed on the input.
+    """
+    if not out or "\0" in out:
+        raise PrepError(f"--out {out!r}: expected a folder path")
     if os.path.exists(out) and not os.path.isdir(out):
         raise PrepError(f"--out {out}: exists and is not a folder")
-    os.makedirs(out, exist_ok=True)
-    if not os.access(out, os.W_OK):
-        raise PrepError(f"--out {out}: not writable")
+    where = out if os.path.isdir(out) else _existing_parent(out)
+    if not os.path.isdir(where):
+        raise PrepError(f"--out {out}: {where} is not a folder")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise PrepError(f"--out {out}: {where} is not writable")
+    for source in sources:
+        final = os.path.join(out, f"{source.name}.h5")
+        if os.path.isdir(final):
+            raise PrepError(f"{final} is a folder; a dataset cannot replace it")
+        if os.path.lexists(final) and not overwrite:
+            raise PrepError(f"{final} already exists; pass --overwrite to replace it "
+                            "(the old file stays until the new one is complete)")
+
+
+def check_space(out: str, sources: Sequence[src.Source], compression: str) -> None:
+    """Uncompressed output must fit the free space: fail now, not hours into the write."""
+    if compression != "none":
+        return
+    need = sum(s.num_samples * (s.sample_bytes + 8) for s in sources)
+    where = out if os.path.isdir(out) else _existing_parent(out)
+    free = shutil.disk_usage(where).free
+    if need > free:
+        samples = sum(s.num_samples for s in sources)
+        raise PrepError(f"--out {out}: {samples} samples of {sources[0].sample_bytes} bytes need "
+                        f"{need / 2**30:.2f} GiB, but {where} has {free / 2**30:.2f} GiB free")
+
+
+def check_report(report: str | None) -> None:
+    if report is None:
+        return
+    folder = os.path.dirname(os.path.abspath(report))
+    if not report or os.path.isdir(report) or not os.path.isdir(folder):
+        raise PrepError(f"--report {report!r}: expected a file path in an existing folder")
 
 
 def _say(comm: Any, message: str) -> None:
@@ -325,28 +416,46 @@ def _say(comm: Any, message: str) -> None:
     print(f"{prefix}hpcdp prep: {message}", file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    report_crashes()  # also under `python -m hpcdp.data.prep` (mpirun, srun)
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = world()
-    opts = WriteOptions(x_name=args.x_name, y_name=args.y_name or None,
-                        compression=args.compression,
-                        chunk_bytes=max(1, int(args.chunk_mib * 2**20)), seed=args.seed,
-                        source_name=args.source, collective=args.mpio == "collective")
-    error: str | None = None
-    try:
-        _check_world(comm.size)
-        if opts.x_name == opts.y_name:
-            raise PrepError(f"--x-name and --y-name are both {opts.x_name!r}")
-        sources = make_sources(args)
-        _check_out(args.out)
-    except (src.SourceError, PrepError, OSError, ImportError) as exc:
-        error = str(exc)
-    # Agree on bad input before any collective file operation: every rank reports it.
+def prepare_inputs(args: argparse.Namespace, comm: Any) -> tuple[WriteOptions, list[src.Source]]:
+    """Every check of the options and input files, on this rank; raises on bad input."""
+    _check_world(comm.size)
+    opts = write_options(args)
+    sources = make_sources(args)
+    for source in sources:
+        src.check_sample_bytes(source.sample_shape, source.dtype, f"split {source.name}")
+    check_out(args.out, sources, args.overwrite)
+    check_space(args.out, sources, opts.compression)
+    check_report(args.report)
+    return opts, sources
+
+
+def agreed(comm: Any, error: str | None) -> bool:
+    """Collective: True when no rank has an error; else every rank prints the first one."""
     errors = [e for e in comm.allgather(error) if e]
     if errors:
         _say(comm, f"error: {errors[0]}")
-        return 1
+    return not errors
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 written, 2 bad input (nothing written), 1 a failure while writing."""
+    report_crashes()  # also under `python -m hpcdp.data.prep` (mpirun, srun)
+    args = parse_args(build_parser(), sys.argv[1:] if argv is None else argv)
+    comm = world()
+    error: str | None = None
+    try:
+        opts, sources = prepare_inputs(args, comm)
+    except (src.SourceError, PrepError, OSError, ImportError) as exc:
+        error = str(exc)
+    # Agree on bad input before any collective file operation: every rank reports it.
+    if not agreed(comm, error):
+        return 2
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        error = f"--out {args.out}: cannot make the folder: {exc.strerror or exc}"
+    if not agreed(comm, error):
+        return 2
     comm.Barrier()
     start = time.perf_counter()
     written = []
@@ -358,20 +467,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if comm.size > 1:
             comm.Abort(1)
         return 1
-    seconds = time.perf_counter() - start
     if comm.rank == 0:
-        nbytes = sum(s.num_samples * s.sample_bytes for s in sources)
-        for path, source in zip(written, sources):
-            print(f"hpcdp prep: wrote {path}: {source.num_samples} samples of "
-                  f"{source.sample_shape} {source.dtype}", flush=True)
-        print(f"hpcdp prep: {nbytes / 2**20:.1f} MiB in {seconds:.2f} s on {comm.size} rank(s)",
-              flush=True)
-        if args.report:
-            with open(args.report, "w") as fh:
-                json.dump({"ranks": comm.size, "seconds": seconds, "bytes": nbytes,
-                           "samples": sum(s.num_samples for s in sources),
-                           "files": written}, fh, indent=2)
+        try:
+            _summary(args, sources, written, comm.size, time.perf_counter() - start)
+        except OSError as exc:
+            _say(comm, f"error: --report {args.report}: {exc.strerror or exc}")
+            return 1
     return 0
+
+
+def _summary(args: argparse.Namespace, sources: list[src.Source], written: list[str],
+             ranks: int, seconds: float) -> None:
+    nbytes = sum(s.num_samples * s.sample_bytes for s in sources)
+    for path, source in zip(written, sources):
+        print(f"hpcdp prep: wrote {path}: {source.num_samples} samples of "
+              f"{source.sample_shape} {source.dtype}", flush=True)
+    print(f"hpcdp prep: {nbytes / 2**20:.1f} MiB in {seconds:.2f} s on {ranks} rank(s)",
+          flush=True)
+    if args.report:
+        with open(args.report, "w") as fh:
+            json.dump({"ranks": ranks, "seconds": seconds, "bytes": nbytes,
+                       "samples": sum(s.num_samples for s in sources),
+                       "files": written}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,54 @@ def default_window(block: int, sample_bytes: int) -> int:
     return block * max(1, WINDOW_BYTES // max(1, block * sample_bytes))
 
 
+def _check_arguments(path: Any, **args: Any) -> str:
+    """The constructor's arguments, checked: `ReaderError` names the bad one."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ReaderError(f"path must be a file path, got {path!r}")
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ReaderError(f"path must be a file path, got {path!r}")
+
+    def integer(name: str, minimum: int, none_ok: bool = False) -> None:
+        value = args[name]
+        if none_ok and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ReaderError(f"{path}: {name} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ReaderError(f"{path}: {name} must be at least {minimum}, got {value}")
+
+    integer("batch_size", 1)
+    integer("world_size", 1)
+    integer("rank", 0)
+    if args["rank"] >= args["world_size"]:
+        raise ReaderError(f"{path}: rank {args['rank']} is outside a world of "
+                          f"{args['world_size']}")
+    integer("seed", 0)
+    integer("prefetch", 0)
+    integer("window_samples", 0, none_ok=True)  # 0 or None: the default window
+    integer("virtual_shards", 0, none_ok=True)
+    for name in ("x_name", "y_name"):
+        value = args[name]
+        if value is None and name == "y_name":
+            continue
+        if not isinstance(value, str) or not value or "\0" in value or not _utf8(value):
+            raise ReaderError(f"{path}: {name} must be a dataset name, got {value!r}")
+    if args["mmap"] not in (None, True, False):
+        raise ReaderError(f"{path}: mmap must be True, False or None, got {args['mmap']!r}")
+    if args["transform"] is not None and not callable(args["transform"]):
+        raise ReaderError(f"{path}: transform must be callable, got {args['transform']!r}")
+    return path
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class ShardedReader:
     """This rank's share of a samples-first HDF5 file, as shuffled, equal, resumable batches.
 
@@ -207,21 +255,20 @@ class ShardedReader:
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         mmap: bool | None = None,
     ) -> None:
-        path = os.fspath(path)
-        if batch_size < 1:
-            raise ReaderError(f"{path}: batch_size must be at least 1, got {batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ReaderError(f"{path}: rank {rank} is outside a world of {world_size}")
-        if seed < 0:
-            raise ReaderError(f"{path}: seed must be non-negative, got {seed}")
-        if prefetch < 0:
-            raise ReaderError(f"{path}: prefetch must be non-negative, got {prefetch}")
+        path = _check_arguments(
+            path, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
+            window_samples=window_samples, virtual_shards=virtual_shards, prefetch=prefetch,
+            x_name=x_name, y_name=y_name, mmap=mmap, transform=transform,
+        )
         self.path = path
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
         self.global_batch = batch_size * world_size
         self.info = validate_dataset(path, x_name, y_name, min_samples=self.global_batch)
+        if self.info.dtype.kind not in "biuf":
+            raise ReaderError(f"{path}: dataset {x_name!r} has dtype {self.info.dtype}; "
+                              "numeric samples needed")
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.transform = transform

@@ -8,7 +8,9 @@ file, and a source bigger than memory is written slab by slab.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,16 @@ import numpy as np
 #: Rows generated together by the synthetic source (a fixed unit so that the data
 #: does not depend on the writer's slab boundaries).
 _GEN_BYTES = 4 << 20
+#: HDF5 refuses chunks of 4 GiB or more, and a chunk holds at least one sample.
+MAX_SAMPLE_BYTES = (4 << 30) - 1
+#: The synthetic source keeps one template per class in memory.
+MAX_TEMPLATE_BYTES = 2 << 30
+#: The .npy signature, and what other signatures say a file is.
+NPY_MAGIC = b"\x93NUMPY"
+_SIGNATURES = {
+    b"PK\x03\x04": "a zip archive (an .npz? give it the .npz suffix)",
+    b"\x89HDF\r\n\x1a\n": "an HDF5 file",
+}
 
 
 class SourceError(ValueError):
@@ -47,10 +59,14 @@ class Source:
 # -- digits ---------------------------------------------------------------------------
 
 
-def digits_split_indices(num_samples: int, seed: int, val_fraction: float) -> dict[str, np.ndarray]:
-    """A deterministic train/val split of ``range(num_samples)``, each part in file order."""
+def _check_val_fraction(val_fraction: float) -> None:
     if not 0.0 <= val_fraction < 1.0:
         raise SourceError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+
+
+def digits_split_indices(num_samples: int, seed: int, val_fraction: float) -> dict[str, np.ndarray]:
+    """A deterministic train/val split of ``range(num_samples)``, each part in file order."""
+    _check_val_fraction(val_fraction)
     perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed]))).permutation(
         num_samples
     )
@@ -75,6 +91,7 @@ def digits(seed: int = 0, val_fraction: float = 0.2) -> list[Source]:
     x is uint8 of shape (1, 8, 8): the 0..16 intensities scaled to 0..255, so
     that models normalize every uint8 dataset the same way (x / 255).
     """
+    _check_val_fraction(val_fraction)  # before the (slower) load
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -94,24 +111,54 @@ def digits(seed: int = 0, val_fraction: float = 0.2) -> list[Source]:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``"3,32,32"`` -> ``(3, 32, 32)``; every dimension positive."""
-    try:
-        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
-    except ValueError:
-        raise SourceError(f"--shape {text!r}: expected positive integers like 3,32,32") from None
-    if not shape or any(d < 1 for d in shape):
-        raise SourceError(f"--shape {text!r}: expected positive integers like 3,32,32")
-    return shape
+    """``"3,32,32"`` (or ``"3x32x32"``) -> ``(3, 32, 32)``; every dimension a positive integer.
+
+    Every part must be a number: ``3,x,3`` is refused, naming the part, rather
+    than read as ``(3, 3)``.
+    """
+    sep = "," if "," in text or "x" not in text else "x"
+    parts = [p.strip() for p in text.split(sep)]
+    for part in parts:
+        if not re.fullmatch(r"[0-9]+", part) or int(part) < 1:
+            what = repr(part) if part else "an empty part"
+            raise SourceError(
+                f"--shape {text!r}: {what} is not a positive integer "
+                "(expected a shape like 3,32,32)"
+            )
+    return tuple(int(p) for p in parts)
 
 
 def _numeric_dtype(text: str) -> np.dtype:
     try:
         dtype = np.dtype(text)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):
         raise SourceError(f"--dtype {text!r} is not a numpy dtype") from None
     if dtype.kind not in "uif":
         raise SourceError(f"--dtype {text!r}: need an integer or floating-point dtype")
     return dtype
+
+
+def check_sample_bytes(sample_shape: tuple[int, ...], dtype: np.dtype, what: str) -> int:
+    """Bytes of one sample (exact, in Python integers); refused above HDF5's chunk limit."""
+    nbytes = math.prod(sample_shape) * dtype.itemsize
+    if nbytes > MAX_SAMPLE_BYTES:
+        raise SourceError(
+            f"{what}: one sample of shape {sample_shape} {dtype} is {nbytes} bytes; "
+            f"HDF5 chunks hold at most {MAX_SAMPLE_BYTES} bytes"
+        )
+    if nbytes == 0:
+        raise SourceError(f"{what}: samples of shape {sample_shape} hold no values")
+    return nbytes
+
+
+def _check_synthetic_size(shape: tuple[int, ...], dtype: np.dtype, classes: int) -> None:
+    sample = check_sample_bytes(shape, dtype, f"--shape {','.join(map(str, shape))}")
+    if classes * sample > MAX_TEMPLATE_BYTES:
+        raise SourceError(
+            f"synthetic: --classes {classes} x {sample} bytes per sample (--shape) needs "
+            f"{classes * sample} bytes of class templates in memory; the limit is "
+            f"{MAX_TEMPLATE_BYTES}"
+        )
 
 
 class Synthetic(Source):
@@ -126,6 +173,7 @@ class Synthetic(Source):
         if classes < 1:
             raise SourceError(f"synthetic: --classes must be at least 1, got {classes}")
         np_dtype = _numeric_dtype(dtype)
+        _check_synthetic_size(shape, np_dtype, classes)
         params = {"classes": classes, "shape": list(shape), "dtype": str(np_dtype)}
         super().__init__(name, num_samples, shape, np_dtype, True, params)
         self.classes, self.seed, self.stream = classes, seed, stream
@@ -180,6 +228,50 @@ def synthetic(
 # -- user arrays ----------------------------------------------------------------------
 
 
+def _what_it_is(head: bytes) -> str:
+    """What the first bytes of a file that is not a .npy say it is, for the error message."""
+    if not head:
+        return "the file is empty"
+    for magic, what in _SIGNATURES.items():
+        if head.startswith(magic):
+            return f"it is {what}"
+    for end in range(len(head), max(0, len(head) - 4), -1):  # a character cut at the end
+        try:
+            text = head[:end].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if all(ch.isprintable() or ch in "\t\r\n" for ch in text):
+            return f"it holds text ({text[:20]!r}...)"
+        break
+    return f"it starts with the bytes {head[:8]!r}"
+
+
+def _read_npy_header(fh: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """Shape, Fortran order, dtype and data offset of the .npy at `fh`'s position."""
+    start = fh.tell()
+    head = fh.read(32)
+    if not head.startswith(NPY_MAGIC):
+        raise SourceError(f"{name}: not a .npy file: {_what_it_is(head)}")
+    fh.seek(start)
+    try:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise SourceError(
+                f"{name}: .npy format version {version} is not supported (1.0 and 2.0 are)"
+            )
+    except SourceError:
+        raise
+    except (ValueError, EOFError, OSError) as exc:
+        raise SourceError(f"{name}: damaged .npy header: {exc}") from exc
+    if any(d < 0 for d in shape):
+        raise SourceError(f"{name}: damaged .npy header: negative shape {shape}")
+    return tuple(shape), fortran, dtype, fh.tell()
+
+
 def _npz_member_memmap(path: str, key: str) -> np.ndarray:
     """Memory-map one member of an uncompressed .npz (a zip of .npy files) in place."""
     try:
@@ -193,29 +285,17 @@ def _npz_member_memmap(path: str, key: str) -> np.ndarray:
                     f"{path}: array {key!r} is compressed and cannot be memory-mapped; "
                     "save it with numpy.savez (not savez_compressed) or as a .npy file"
                 )
-            with open(path, "rb") as fh:
-                fh.seek(info.header_offset)
-                local = fh.read(30)
-                if local[:4] != b"PK\x03\x04":
-                    raise SourceError(f"{path}: damaged zip entry for {key!r}")
-                name_len = int.from_bytes(local[26:28], "little")
-                extra_len = int.from_bytes(local[28:30], "little")
-                start = info.header_offset + 30 + name_len + extra_len
-                fh.seek(start)
-                version = np.lib.format.read_magic(fh)
-                read_header = (
-                    np.lib.format.read_array_header_1_0
-                    if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0
-                )
-                shape, fortran, dtype = read_header(fh)
-                offset = fh.tell()
-    except zipfile.BadZipFile as exc:
+        with open(path, "rb") as fh:
+            fh.seek(info.header_offset)
+            local = fh.read(30)
+            if local[:4] != b"PK\x03\x04":
+                raise SourceError(f"{path}: damaged zip entry for {key!r}")
+            name_len = int.from_bytes(local[26:28], "little")
+            extra_len = int.from_bytes(local[28:30], "little")
+            fh.seek(info.header_offset + 30 + name_len + extra_len)
+            shape, fortran, dtype, offset = _read_npy_header(fh, f"{path}: array {key!r}")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise SourceError(f"{path}: not a valid .npz file: {exc}") from exc
-    except ValueError as exc:
-        if isinstance(exc, SourceError):
-            raise
-        raise SourceError(f"{path}: array {key!r} has a damaged .npy header: {exc}") from exc
     return _memmap(path, dtype, shape, fortran, offset)
 
 
@@ -223,31 +303,47 @@ def _memmap(path: str, dtype: np.dtype, shape: tuple[int, ...], fortran: bool,
             offset: int) -> np.ndarray:
     if dtype.hasobject:
         raise SourceError(f"{path}: object arrays cannot be prepared")
-    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    need = offset + math.prod(shape) * dtype.itemsize
     if os.path.getsize(path) < need:
         raise SourceError(f"{path}: truncated: {os.path.getsize(path)} bytes, need {need}")
     if fortran and len(shape) > 1:
         raise SourceError(f"{path}: Fortran-ordered arrays are not supported; save a C-order copy")
+    if math.prod(shape) == 0:
+        return np.empty(shape, dtype)  # nothing to map (and mmap refuses zero bytes)
     return np.memmap(path, dtype=dtype, mode="r", shape=shape, offset=offset)
 
 
 def load_array(path: str, key: str | None) -> np.ndarray:
     """A memory-mapped array from a .npy file or an uncompressed .npz member."""
+    if os.path.isdir(path):
+        raise SourceError(f"{path}: is a folder, not a .npy or .npz file")
     if not os.path.isfile(path):
         raise SourceError(f"{path}: no such file")
     if path.endswith(".npz"):
         if not key:
             raise SourceError(f"{path}: name the array inside the .npz (--x-key / --y-key)")
         return _npz_member_memmap(path, key)
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        raise SourceError(f"{path}: not a readable .npy file: {exc}") from exc
-    if not isinstance(arr, np.ndarray):
-        raise SourceError(f"{path}: expected a .npy array")
-    if arr.dtype.hasobject:
-        raise SourceError(f"{path}: object arrays cannot be prepared")
-    return arr
+    with open(path, "rb") as fh:
+        shape, fortran, dtype, offset = _read_npy_header(fh, path)
+    return _memmap(path, dtype, shape, fortran, offset)
+
+
+def _check_labels(y: np.ndarray, y_path: str, n: int, x_path: str) -> None:
+    """Labels: one non-negative integer (an int64 class index) per sample."""
+    if y.ndim != 1:
+        raise SourceError(f"{y_path}: labels must be one-dimensional, got shape {y.shape}")
+    if y.dtype.kind not in "iub":
+        raise SourceError(f"{y_path}: labels have dtype {y.dtype}; integers needed")
+    if len(y) != n:
+        raise SourceError(f"{x_path} has {n} samples but {y_path} has {len(y)} labels")
+    if y.dtype.kind == "b" or not len(y):
+        return
+    low, high = int(y.min()), int(y.max())  # reads the labels once (memory-mapped)
+    if low < 0:
+        raise SourceError(f"{y_path}: label {low} at row {int(np.argmin(y))} is negative; "
+                          "class labels are 0, 1, 2, ...")
+    if high > np.iinfo(np.int64).max:
+        raise SourceError(f"{y_path}: label {high} does not fit the int64 labels")
 
 
 class Arrays(Source):
@@ -255,19 +351,15 @@ class Arrays(Source):
 
     def __init__(self, name: str, x: np.ndarray, y: np.ndarray | None, x_path: str,
                  y_path: str | None) -> None:
-        if x.ndim < 1 or x.shape[0] == 0:
+        if x.ndim < 1:
+            raise SourceError(f"{x_path}: holds a single value (shape ()), not an array of samples")
+        if x.shape[0] == 0:
             raise SourceError(f"{x_path}: the data array is empty (shape {x.shape})")
         if x.dtype.kind not in "buif":
             raise SourceError(f"{x_path}: data dtype {x.dtype} is not numeric")
+        check_sample_bytes(tuple(x.shape[1:]), x.dtype, x_path)
         if y is not None:
-            if y.ndim != 1:
-                raise SourceError(f"{y_path}: labels must be one-dimensional, got shape {y.shape}")
-            if y.dtype.kind not in "iub":
-                raise SourceError(f"{y_path}: labels have dtype {y.dtype}; integers needed")
-            if len(y) != len(x):
-                raise SourceError(
-                    f"{x_path} has {len(x)} samples but {y_path} has {len(y)} labels"
-                )
+            _check_labels(y, y_path or "", len(x), x_path)
         params = {"x": os.path.basename(x_path), "y": os.path.basename(y_path or "")}
         super().__init__(name, len(x), tuple(x.shape[1:]), x.dtype, y is not None, params)
         self._x, self._y = x, y

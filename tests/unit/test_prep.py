@@ -119,7 +119,7 @@ def test_compression_writes_filtered_chunks(tmp_path: Path) -> None:
         (["arrays", "--x", "{d}/x.npy", "--y", "{d}/short.npy"], "has 300 samples but .* 299"),
         (["arrays", "--x", "{d}/nope.npy"], "nope.npy: no such file"),
         (["arrays", "--x", "{d}/c.npz"], "compressed and cannot be memory-mapped"),
-        (["arrays", "--x", "{d}/junk.npy"], "junk.npy: not a readable .npy file"),
+        (["arrays", "--x", "{d}/junk.npy"], "junk.npy: not a .npy file"),
         (["arrays", "--x", "{d}/empty.npy"], "empty.npy: the data array is empty"),
         (["synthetic", "--samples", "10", "--shape", "3,0"], "--shape '3,0'"),
         (["synthetic", "--samples", "10", "--dtype", "object"], "--dtype 'object'"),
@@ -137,7 +137,7 @@ def test_bad_input_fails_clearly_and_keeps_the_old_file(
     out.mkdir()
     (out / "train.h5").write_bytes(b"previous good file")
     argv = [a.format(d=tmp_path) for a in args] + ["--out", str(out)]
-    assert prep.main(argv) == 1
+    assert prep.main(argv) == 2
     err = capsys.readouterr().err
     assert "hpcdp prep: error:" in err
     assert re.search(problem, err), err
@@ -156,6 +156,6 @@ def test_failure_while_writing_leaves_the_old_file(
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(src.Synthetic, "slab", broken)
-    assert prep.main(["synthetic", "--samples", "100", "--out", str(out)]) == 1
+    assert prep.main(["synthetic", "--samples", "100", "--out", str(out), "--overwrite"]) == 1
     assert (out / "train.h5").read_bytes() == b"previous good file"
     assert [p.name for p in out.iterdir()] == ["train.h5"]  # no temporary left behind
