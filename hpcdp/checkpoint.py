@@ -11,6 +11,7 @@ decides which rank calls what.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -69,13 +70,38 @@ def decode(data: bytes, name: str) -> dict[str, Any]:
     return state
 
 
+#: Test hook: the checkpoint folder has room for only this many bytes (its files
+#: count against it), so a write that does not fit fails midway with ENOSPC, as on a
+#: full disk: the no-space path is tested where no small file system can be mounted.
+DISK_BYTES_ENV = "HPCDP_FAULT_DISK_BYTES"
+
+
+def _room(folder: Path) -> int | None:
+    """Bytes left in `folder` under HPCDP_FAULT_DISK_BYTES; None when it is not set."""
+    limit = os.environ.get(DISK_BYTES_ENV, "").strip()
+    if not limit:
+        return None
+    if not limit.isdigit():
+        raise CheckpointError(f"{DISK_BYTES_ENV}={limit!r}: expected a number of bytes")
+    return int(limit) - sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _write_all(f: Any, data: bytes, folder: Path) -> None:
+    room = _room(folder)
+    if room is not None and len(data) > room:
+        f.write(data[:max(0, room)])
+        f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f.name)
+    f.write(data)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over, fsync the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            _write_all(f, data, path.parent)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
