@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,15 @@ class RunConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU; uses a GradScaler)
     device: str = "auto"  # auto | cpu | cuda
     on_nan: str = "stop"  # non-finite loss/gradients: stop (error, no save) | skip the update
-    step_timeout_s: float = 0.0  # abort the job when one step boundary takes longer; 0: off
+    # The stall watchdog (docs/stalls.md): abort the job, naming the ranks behind, when no
+    # step boundary comes within the bound. Negative: auto (the larger of stall_floor_s and
+    # stall_multiple x the slowest step, validation or checkpoint seen so far; the first of
+    # each, and the start, get stall_warmup_factor x the floor); positive: a fixed bound in
+    # seconds; 0: off.
+    step_timeout_s: float = -1.0
+    stall_floor_s: float = 300.0  # the auto bound never falls below this many seconds
+    stall_multiple: float = 10.0  # auto bound: this many times the slowest interval seen
+    stall_warmup_factor: float = 3.0  # the start and each first interval get this x the floor
 
 
 @dataclass
@@ -125,8 +134,13 @@ class HorovodConfig:
     # a model with sparse gradients (set 0).
     bucket_mb: float = -1.0
     timeline: str = ""  # HOROVOD_TIMELINE file; relative paths are inside the run dir
-    stall_check_s: float = -1.0  # HOROVOD_STALL_CHECK_TIME_SECONDS (warn); negative: default
-    stall_shutdown_s: float = -1.0  # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; negative: default
+    # Horovod's stall inspector (MPI controller only), whole seconds: warn after
+    # stall_check_s (HOROVOD_STALL_CHECK_TIME_SECONDS, Horovod's default 60), shut down
+    # after stall_shutdown_s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, default never), which
+    # Horovod ignores below the check time (refused here). Negative: the environment's or
+    # Horovod's default. hpcdp's own watchdog (run.step_timeout_s) works under any controller.
+    stall_check_s: float = -1.0
+    stall_shutdown_s: float = -1.0  # see stall_check_s; negative: the environment's, else never
 
 
 @dataclass
@@ -350,7 +364,6 @@ def validate(cfg: Config) -> None:
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
-        "run.step_timeout_s": cfg.run.step_timeout_s,
     }
     for key, value in non_negative.items():
         if value < 0:
@@ -379,6 +392,10 @@ def validate(cfg: Config) -> None:
     for sig in cfg.preempt.signals:
         if sig not in SIGNAL_NAMES:
             raise ConfigError(f"preempt.signals: {sig!r} is not one of {', '.join(SIGNAL_NAMES)}")
+    _check_stall_keys(cfg)
+    error = horovod_stall_error(cfg.horovod, os.environ)
+    if error:
+        raise ConfigError(error)
     if cfg.run.precision == "fp16" and cfg.run.device == "cpu":
         raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 on CPUs)")
     _validate_more(cfg)
@@ -431,6 +448,60 @@ def check_paths(cfg: Config) -> None:
     for key, file in files.items():
         if os.path.isdir(file):
             raise ConfigError(f"{key}: {file!r} is a folder, not a file")
+
+
+def _check_stall_keys(cfg: Config) -> None:
+    run = cfg.run
+    if run.stall_floor_s <= 0:
+        raise ConfigError(f"run.stall_floor_s={run.stall_floor_s:g}: must be positive "
+                          "(turn the watchdog off with run.step_timeout_s=0)")
+    for key, value in (("run.stall_multiple", run.stall_multiple),
+                       ("run.stall_warmup_factor", run.stall_warmup_factor)):
+        if value < 1:
+            raise ConfigError(f"{key}={value:g}: must be at least 1")
+
+
+HOROVOD_STALL_CHECK_DEFAULT_S = 60
+CHECK_ENV, SHUTDOWN_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+
+
+def horovod_stall_error(hc: HorovodConfig, environ: Mapping[str, str]) -> str | None:
+    """Why Horovod would not act on these stall settings as written, or None (pure).
+
+    Horovod reads both as whole seconds and ignores a shutdown time below the check
+    time (it logs "will not shutdown" every check and waits forever). A key left
+    negative takes the environment's variable, else Horovod's default.
+    """
+    for key, value in (("horovod.stall_check_s", hc.stall_check_s),
+                       ("horovod.stall_shutdown_s", hc.stall_shutdown_s)):
+        if value >= 0 and value != int(value):
+            return f"{key}={value:g}: Horovod reads whole seconds; use an integer"
+    check, check_from = _stall_value(hc.stall_check_s, "horovod.stall_check_s", CHECK_ENV,
+                                     environ, HOROVOD_STALL_CHECK_DEFAULT_S)
+    shutdown, shutdown_from = _stall_value(hc.stall_shutdown_s, "horovod.stall_shutdown_s",
+                                           SHUTDOWN_ENV, environ, 0)
+    if check is None or shutdown is None:
+        bad = CHECK_ENV if check is None else SHUTDOWN_ENV
+        return f"{bad}={environ.get(bad)!r} in the environment is not a whole number of seconds"
+    if 0 < shutdown < check:
+        return (f"{shutdown_from}={shutdown} is below the stall check time ({check_from}={check}): "
+                f"Horovod ignores such a shutdown time and the job would wait forever. Set "
+                f"horovod.stall_check_s to at most {shutdown} (e.g. horovod.stall_check_s="
+                f"{max(1, shutdown // 2)}) or horovod.stall_shutdown_s to at least {check}")
+    return None
+
+
+def _stall_value(value: float, key: str, env: str, environ: Mapping[str, str],
+                 default: int) -> tuple[int | None, str]:
+    """(whole seconds, where it came from) for one of Horovod's stall settings."""
+    if value >= 0:
+        return int(value), key
+    if env in environ:
+        try:
+            return int(environ[env]), env
+        except ValueError:
+            return None, env
+    return default, f"Horovod's default {env}"
 
 
 def dumps(cfg: Config) -> str:

@@ -30,6 +30,7 @@ from hpcdp.placement import (
     node_name,
     placement_message,
 )
+from hpcdp.watchdog import waiting
 
 
 class AgreedError(RuntimeError):
@@ -148,7 +149,8 @@ def placement_error(device: torch.device) -> str | None:
     visible GPU, use it"); gathered, the UUIDs show it. NCCL would otherwise
     fail later with a less direct message, or the ranks would share the GPU.
     """
-    ranks = hvd.allgather_object(placement(device), name="hpcdp.placement")
+    with waiting("allgather hpcdp.placement"):
+        ranks = hvd.allgather_object(placement(device), name="hpcdp.placement")
     return placement_message(check_placement(ranks))
 
 
@@ -162,7 +164,8 @@ def agree(local_error: str | None, what: str) -> None:
     Used where ranks might see different things (a file visible on one node
     only), so that no rank goes on to a collective the others never reach.
     """
-    errors = hvd.allgather_object(local_error, name=f"hpcdp.agree.{what}")
+    with waiting(f"allgather hpcdp.agree.{what}"):
+        errors = hvd.allgather_object(local_error, name=f"hpcdp.agree.{what}")
     bad = [(r, e) for r, e in enumerate(errors) if e]
     if not bad:
         return
@@ -174,13 +177,27 @@ def agree(local_error: str | None, what: str) -> None:
 def allreduce_sum(values: Sequence[float], name: str) -> list[float]:
     """Collective: the sum over ranks of a few numbers (float64, so counts stay exact)."""
     t = torch.tensor(list(values), dtype=torch.float64)
-    return hvd.allreduce(t, op=hvd.Sum, name=name).tolist()
+    with waiting(f"allreduce {name}"):
+        return hvd.allreduce(t, op=hvd.Sum, name=name).tolist()
+
+
+def gather_floats(value: float, name: str) -> list[float]:
+    """Collective: one number from every rank, in rank order (per-rank step times, say)."""
+    with waiting(f"allgather {name}"):
+        return hvd.allgather(torch.tensor([value], dtype=torch.float64), name=name).tolist()
 
 
 def start_allreduce_max_int(value: int, name: str) -> Callable[[], int]:
     """Start the largest-integer all-reduce; returns a function that waits for its result."""
-    handle = hvd.allreduce_async(torch.tensor([value], dtype=torch.int32), op=hvd.Max, name=name)
-    return lambda: int(hvd.synchronize(handle).item())
+    with waiting(f"allreduce {name} (start)"):
+        handle = hvd.allreduce_async(torch.tensor([value], dtype=torch.int32), op=hvd.Max,
+                                     name=name)
+
+    def wait() -> int:
+        with waiting(f"allreduce {name}"):
+            return int(hvd.synchronize(handle).item())
+
+    return wait
 
 
 def abort_job(code: int = 1) -> None:

@@ -68,7 +68,25 @@ class StepTimes:
             "data_ms": 1000 * self.data / n,
             "compute_ms": 1000 * self.compute / n,
             "comm_ms": 1000 * self.comm / n,
+            # The rank's own share of a step: all but its waits in collectives. Step
+            # times are alike on every rank (each waits for the slowest); this is not.
+            "busy_ms": 1000 * max(wall - self.comm, 0.0) / n,
         }
+
+
+def rank_spread(values: list[float]) -> dict[str, float]:
+    """Per-rank busy times -> the fastest, the slowest and who (for stragglers; pure)."""
+    slowest = max(range(len(values)), key=values.__getitem__)
+    return {"busy_ms_min": min(values), "busy_ms_max": values[slowest],
+            "slowest_rank": slowest}
+
+
+def spread_text(spread: dict[str, float]) -> str:
+    """' | busy/rank 10.1-15.3 ms (slowest: rank 1)', or '' with one rank's numbers."""
+    if not spread:
+        return ""
+    return (f" | busy/rank {spread['busy_ms_min']:.1f}-{spread['busy_ms_max']:.1f} ms "
+            f"(slowest: rank {int(spread['slowest_rank'])})")
 
 
 class Reporter:

@@ -118,8 +118,15 @@ def requeue_wanted(show: str) -> tuple[bool, str]:
 def requeue_job(job_id: str, scontrol: str = "scontrol", timeout: float = 60.0) -> bool:
     """Ask Slurm to requeue `job_id`, unless its user cancelled it; True if requeued.
 
-    False (logged) when the job was cancelled or the requeue failed.
+    False (logged) when the job was cancelled, the requeue failed, or this rank's
+    watchdog reported a stall: a stall is not a preemption, and a requeued job would
+    only stall again on the same node or file system.
     """
+    from hpcdp import watchdog
+
+    if watchdog.stalled():
+        log.warning("not requeueing job %s: a stall was reported (see 'hpcdp stall:')", job_id)
+        return False
     exe = shutil.which(scontrol)
     if exe is None:
         log.warning("cannot requeue job %s: %s not found", job_id, scontrol)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from hpcdp import checkpoint as ckpt
 from hpcdp import config as cfgmod
-from hpcdp import faults
+from hpcdp import faults, watchdog
 from hpcdp import schedule as sched
 from hpcdp.cli import report_crashes
 from hpcdp.config import Config, ConfigError
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except AgreedError as e:
         print(f"hpcdp train: error: {e}", file=sys.stderr, flush=True)
         code = 2
+    watchdog.stop()
     exit_after_horovod(code)
     return code  # not reached when Horovod ran
 
@@ -266,6 +267,7 @@ def decide_resume(cfg: Config, model: torch.nn.Module) -> dict[str, Any]:
 def evaluate(model: torch.nn.Module, reader: Any, cfg: Config, device: torch.device,
              hvd: Any) -> dict[str, float]:
     """Loss and accuracy over every rank's validation partition (collective)."""
+    watchdog.section("validation")
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.float64, device=device)
@@ -308,6 +310,7 @@ def train(cfg: Config) -> int:
     rank, size = hvd.rank(), hvd.size()
     root = rank == 0
     setup_logging(None, root)
+    watchdog.start(cfg.run, rank, size, run_dir, lambda: dist.abort_job(1))
 
     with dist.abort_on_error():
         # --- 2/3: device, data, model; agree before anything depends on them.
@@ -423,17 +426,12 @@ def train(cfg: Config) -> int:
         last_val: dict[str, float] = {}
         stop_reason = None
         model.train()
-        watchdog = None
-        if cfg.run.step_timeout_s > 0:
-            watchdog = faults.Watchdog(cfg.run.step_timeout_s, rank,
-                                       lambda: dist.abort_job(1)).start()
         while step < total_steps and stop_reason is None:
             reader.set_epoch(epoch)  # keeps the position when a resumed state is for this epoch
             it: Iterator[Any] = iter(reader)
             for _ in range(min(len(reader) // accum, total_steps - step)):
                 lr = schedule.lr(step)
-                if watchdog is not None:
-                    watchdog.beat(step)
+                watchdog.beat(step)
                 nan = faults.inject(step, rank)
                 t_data, t_compute, t_comm = _train_step(
                     model, optimizer, scaler, it, lr, totals, cfg, device, adasum and size > 1,
@@ -475,8 +473,6 @@ def train(cfg: Config) -> int:
         train_seconds = time.perf_counter() - loop_start - excluded
         if preempt is not None:
             preempt.drain()  # the last check's all-reduce, so no collective is left open
-        if watchdog is not None:
-            watchdog.stop()
 
         # The signal handlers stay until the process exits: a TERM that follows (Slurm
         # ends a requeued job that way) must not kill a rank that is finishing cleanly.
@@ -576,18 +572,21 @@ def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterato
     sched.set_lr(optimizer, lr)  # before backward: Adasum applies the local step in its hooks
     for _ in range(accum):
         t0 = time.perf_counter()
+        watchdog.phase("data")
         xb, yb = next(it)
         if trace is not None:
             f, epoch, step = trace
             f.write(json.dumps({"epoch": epoch, "step": step, "ids": fingerprints(xb)}) + "\n")
         x, y = to_input(xb, cfg, device), yb.to(device, non_blocking=True)
         t1 = time.perf_counter()
+        watchdog.phase("forward")
         with autocast(cfg, device):
             out = model(x)
             loss = F.cross_entropy(out.float(), y)
             if nan:  # an injected fault (tests)
                 loss = faults.poison(loss)
         scaled = loss / accum
+        watchdog.phase("backward")
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
         with torch.no_grad():
             totals[0] += loss.double() * len(y)
@@ -596,6 +595,7 @@ def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterato
         t_data += t1 - t0
         t_compute += time.perf_counter() - t1
     t2 = time.perf_counter()
+    watchdog.enter_collective("allreduce gradients")  # waits for what backward sent
     if adasum:  # step() waits for the combined deltas and applies them
         optimizer.step()
         if not _finite(p.data for p in model.parameters()):
@@ -603,6 +603,7 @@ def _train_step(model: torch.nn.Module, optimizer: Any, scaler: Any, it: Iterato
         return t_data, t_compute, time.perf_counter() - t2
     optimizer.synchronize()
     t3 = time.perf_counter()
+    watchdog.phase("optimizer")
     # Gradients are averaged over ranks by now, so one rank's NaN is on every rank:
     # each decides alike without another collective. (A GradScaler skips such steps.)
     finite = scaler is not None or _finite(
@@ -652,18 +653,20 @@ def _report_window(rep: Any, window: Any, totals: torch.Tensor, step: int, total
                    epoch: int, lr: float, size: int) -> None:
     """Collective: average loss/accuracy over ranks, then rank 0 logs and records."""
     from hpcdp import dist
+    from hpcdp.metrics import rank_spread, spread_text
 
     loss_sum, correct, count = dist.allreduce_sum(totals.tolist(), name="hpcdp.train_metrics")
     totals.zero_()
     times = window.summary()
     times["samples_per_s"] *= size  # every rank processes the same number of samples
+    spread = rank_spread(dist.gather_floats(times["busy_ms"], "hpcdp.busy")) if size > 1 else {}
     values = {"epoch": epoch, "loss": loss_sum / max(count, 1.0),
-              "acc": correct / max(count, 1.0), "lr": lr, **times}
+              "acc": correct / max(count, 1.0), "lr": lr, **times, **spread}
     rep.record("train", step, values)
     rep.info(f"step {step}/{total_steps} epoch {epoch} loss {values['loss']:.4f} "
              f"acc {values['acc']:.4f} lr {lr:.4g} | {times['samples_per_s']:.0f} samples/s, "
              f"step {times['step_ms']:.1f} ms (data {times['data_ms']:.1f}, compute "
-             f"{times['compute_ms']:.1f}, comm {times['comm_ms']:.1f})")
+             f"{times['compute_ms']:.1f}, comm {times['comm_ms']:.1f}){spread_text(spread)}")
 
 
 def _optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -686,6 +689,7 @@ def _save(cfg: Config, step: int, epoch: int, model: torch.nn.Module, optimizer:
     """
     from hpcdp import dist
 
+    watchdog.section("checkpoint")
     rngs = hvd.allgather_object(rng_state(), name="hpcdp.rng")
     path = ckpt.step_path(cfg.checkpoint_dir, step)
     error = None

@@ -1,6 +1,9 @@
 """Sharded HDF5 data: preparation (`prep`, `sources`), the epoch layout (`partition`),
-and the reader (`reader`, `assemble`).
+and the reader (`reader`, `assemble`); token streams for language models: the format
+(`tokens`), their preparation (`token_writer`, `text_prep`, `tokenizer`, `markov`,
+`markov_prep`) and the window reader (`token_reader`).
 
 Nothing is imported here, so `hpcdp prep` and `hpcdp.data.partition` load
-without PyTorch; import `hpcdp.data.reader` for `ShardedReader`.
+without PyTorch; import `hpcdp.data.reader` for `ShardedReader` and
+`hpcdp.data.token_reader` for `TokenReader`.
 """

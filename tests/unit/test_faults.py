@@ -1,9 +1,8 @@
-"""Fault specs parse strictly; faults act only at their rank and step; the watchdog fires."""
+"""Fault specs parse strictly; faults act only at their rank, step and phase."""
 
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import pytest
@@ -23,11 +22,26 @@ def test_parse_several() -> None:
     ("text", "needle"),
     [("explode:step=1", "unknown fault 'explode'"), ("kill:rank=1", "has no step=N"),
      ("kill:step=x", "not a number"), ("kill:step=1:when=2", "bad part 'when=2'"),
-     ("nan:step", "bad part 'step'")],
+     ("nan:step", "bad part 'step'"), ("nan:step=1:phase=data", "phase=data is not allowed"),
+     ("stall:step=1:phase=loading", "phase=loading is not allowed"),
+     ("stall:step=1:factor=2", "factor=F belongs to slow"),
+     ("slow:rank=1:factor=0.5", "must be at least 1"), ("slow:factor=fast", "not a number")],
 )
 def test_parse_errors_name_the_problem(text: str, needle: str) -> None:
     with pytest.raises(FaultError, match=needle):
         parse(text)
+
+
+def test_parse_phases_and_stragglers() -> None:
+    got = parse("stall:rank=1:step=5:seconds=60:phase=collective;slow:rank=1:factor=1.5;"
+                "slow:step=3:factor=2;kill:step=2:phase=checkpoint")
+    assert got == [Fault("stall", 5, 1, 60.0, "collective"), Fault("slow", 0, 1, factor=1.5),
+                   Fault("slow", 3, None, factor=2.0), Fault("kill", 2, None, phase="checkpoint")]
+
+
+def test_slow_hits_from_its_step_on() -> None:
+    f = Fault("slow", 3, rank=1, factor=2.0)
+    assert not f.hits(2, 1) and f.hits(3, 1) and f.hits(40, 1) and not f.hits(40, 0)
 
 
 def test_hits_only_its_rank_and_step() -> None:
@@ -44,22 +58,42 @@ def test_inject(monkeypatch: pytest.MonkeyPatch) -> None:
     assert faults.inject(4, 0) is True
 
 
+def test_phased_faults_act_at_their_phase_once_and_not_before_the_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(faults, "_armed", parse("raise:rank=1:step=2:phase=forward"))
+    assert faults.inject(2, 1) is False  # not at the step's start
+    assert faults.phase_hook(0) is None  # nothing for rank 0: marks stay free
+    hook = faults.phase_hook(1)
+    assert hook is not None
+    hook("data", 2)
+    hook("forward", 1)
+    with pytest.raises(faults.InjectedFault, match="rank 1 at step 2, phase forward"):
+        hook("forward", 2)
+    hook("forward", 2)  # once only
+
+
+def test_slow_makes_each_step_about_factor_times_as_long(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(faults, "_armed", parse("slow:rank=0:factor=3"))
+    monkeypatch.setattr(faults, "_slowdown", faults._Slowdown())
+    took = []
+    for step in range(4):
+        t0 = time.monotonic()
+        faults.inject(step, 0)
+        time.sleep(0.05)  # the rank's own work
+        took.append(time.monotonic() - t0)
+    assert took[0] < 0.12  # nothing measured yet
+    assert all(0.14 < t < 1.0 for t in took[1:]), took  # ~3 x 0.05 s (loose: a loaded machine)
+    t0 = time.monotonic()
+    faults.inject(9, 1)  # another rank: no delay
+    assert time.monotonic() - t0 < 0.01
+
+
 def test_poison_keeps_the_graph() -> None:
     w = torch.ones(2, requires_grad=True)
     loss = faults.poison((w * 2).sum())
     loss.backward()
     assert math.isnan(loss.item()) and torch.isnan(w.grad).all()
-
-
-def test_watchdog_fires_without_beats_and_not_with_them() -> None:
-    fired = threading.Event()
-    dog = faults.Watchdog(0.4, rank=3, on_timeout=fired.set).start()
-    for step in range(6):  # beating keeps it quiet
-        dog.beat(step)
-        time.sleep(0.1)
-    assert not fired.is_set()
-    assert fired.wait(3.0)  # no beats: it fires
-    dog.stop()
 
 
 def test_uneven_steps_are_refused_before_training() -> None:

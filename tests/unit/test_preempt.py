@@ -116,3 +116,18 @@ def test_cancelled_job_is_not_requeued(tmp_path) -> None:
     fake.chmod(0o755)
     assert requeue_job("5", scontrol=str(fake)) is False
     assert log.read_text().splitlines() == ["show job -o 5"]
+
+
+def test_a_stalled_job_is_never_requeued(tmp_path, monkeypatch) -> None:
+    """A stall is not a preemption: once the watchdog fired, scontrol is not even asked."""
+    from hpcdp import watchdog
+
+    fake = tmp_path / "scontrol"
+    log = tmp_path / "calls"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\nexit 0\n")
+    fake.chmod(0o755)
+    assert requeue_job("7", scontrol=str(fake)) is True  # the fake would requeue
+    log.unlink()
+    monkeypatch.setattr(watchdog, "_stalled", True)
+    assert requeue_job("7", scontrol=str(fake)) is False
+    assert not log.exists()

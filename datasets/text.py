@@ -1,0 +1,15 @@
+"""Recipe: UTF-8 text files -> OUT/train.h5, OUT/val.h5 (token streams; tokenizer.json for BPE).
+
+One document per file, or per line with --lines. Tokenizers: byte-level (default),
+--tokenizer bpe (trained here on the corpus), or --tokenizer PATH/tokenizer.json.
+Example: mpirun -np 2 python datasets/text.py --out data/text --files 'corpus/**/*.txt'
+
+Runs on one process or under mpirun / srun --mpi=pmix. Options: `python datasets/text.py --help`.
+"""
+
+import sys
+
+from hpcdp.data.text_prep import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Text preparation on one process: document spans, the split, tokenizers, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpcdp.data import text_prep as tp
+from hpcdp.data import tokens as tk
+from hpcdp.data.token_reader import TokenReader, TokenReaderError
+
+
+def test_line_spans() -> None:
+    data = b"ab\n\ncd\r\nefg"
+    spans = tp.line_spans(data, 0, 0, len(data))
+    assert [data[s.start : s.stop] for s in spans] == [b"ab", b"cd", b"efg"]
+    # A range starting mid-line leaves that line to the previous range.
+    assert [data[s.start : s.stop] for s in tp.line_spans(data, 0, 1, len(data))] == [b"cd",
+                                                                                     b"efg"]
+    assert [data[s.start : s.stop] for s in tp.line_spans(data, 0, 4, 5)] == [b"cd"]
+
+
+@given(st.lists(st.sampled_from([b"a", b"bb", b"\n", b"\r\n", b"xyz"]), max_size=30),
+       st.lists(st.integers(0, 60), max_size=4))
+def test_any_cut_of_the_bytes_gives_each_line_once(parts: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(parts)
+    bounds = sorted({0, len(data), *(min(c, len(data)) for c in cuts)})
+    pieces = [s for a, b in zip(bounds, bounds[1:]) for s in tp.line_spans(data, 0, a, b)]
+    assert pieces == tp.line_spans(data, 0, 0, len(data))
+    assert [data[s.start : s.stop] for s in pieces] == [
+        line.rstrip(b"\r") for line in data.split(b"\n") if line.rstrip(b"\r")]
+
+
+@given(st.integers(0, 500), st.floats(0.0, 0.99))
+def test_validation_documents_are_evenly_spread(docs: int, fraction: float) -> None:
+    val = [g for g in range(docs) if tp.is_val(g, fraction)]
+    assert len(val) == int(docs * fraction)
+
+
+def test_file_owner_is_contiguous_by_bytes() -> None:
+    assert tp.file_owner([0, 10, 20, 90], 100, 2) == [0, 0, 0, 1]
+    assert tp.file_owner([0, 0], 0, 4) == [0, 0]
+
+
+def corpus(root: Path, texts: list[str]) -> str:
+    root.mkdir(exist_ok=True)
+    for i, text in enumerate(texts):
+        (root / f"f{i:02d}.txt").write_text(text)
+    return str(root / "*.txt")
+
+
+TEXTS = ["The quick brown fox.\nJumps over.\n", "Grüße aus Köln\n", "", "λόγος " * 40,
+         "hello world " * 30, "one\ntwo\nthree\n"]
+
+
+def read_docs(path: Path) -> list[np.ndarray]:
+    with h5py.File(path) as f:
+        toks, offs = f["tokens"][...], f["doc_offsets"][...]
+    return [toks[a:b] for a, b in zip(offs[:-1], offs[1:])]
+
+
+def test_bytes_documents_are_the_files(tmp_path: Path) -> None:
+    files = corpus(tmp_path / "c", TEXTS)
+    assert tp.main(["--files", files, "--out", str(tmp_path / "o"), "--val-fraction", "0.2"]) == 0
+    docs = read_docs(tmp_path / "o" / "train.h5") + read_docs(tmp_path / "o" / "val.h5")
+    got = sorted(bytes(d[:-1].astype(np.uint8)).decode() for d in docs)
+    assert got == sorted(t for t in TEXTS if t) and all(d[-1] == 256 for d in docs)
+    assert len(read_docs(tmp_path / "o" / "val.h5")) == 1  # int(5 * 0.2)
+    info = tk.validate_tokens(tmp_path / "o" / "train.h5", scan=True)
+    assert info.tokenizer == "bytes" and info.vocab_size == 257
+
+
+def test_bpe_is_trained_saved_and_checked(tmp_path: Path) -> None:
+    files = corpus(tmp_path / "c", TEXTS * 3)
+    out = tmp_path / "o"
+    assert tp.main(["--files", files, "--lines", "--tokenizer", "bpe", "--vocab-size", "300",
+                    "--out", str(out)]) == 0
+    saved = out / "tokenizer.json"
+    info = tk.validate_tokens(out / "train.h5", scan=True)
+    assert info.tokenizer_sha256 == tk.file_sha256(saved) and info.vocab_size <= 300
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(saved))
+    first = read_docs(out / "train.h5")[0]
+    assert first[-1] == info.eod_id == hf.token_to_id("<|endoftext|>")
+    assert hf.decode(first[:-1].tolist()) == "The quick brown fox."
+    # The saved tokenizer by path gives the same tokens; the reader checks the hash.
+    out2 = tmp_path / "o2"
+    assert tp.main(["--files", files, "--lines", "--tokenizer", str(saved),
+                    "--out", str(out2)]) == 0
+    np.testing.assert_array_equal(h5py.File(out2 / "train.h5")["tokens"][...],
+                                  h5py.File(out / "train.h5")["tokens"][...])
+    assert (out2 / "tokenizer.json").read_bytes() == saved.read_bytes()
+    TokenReader(out2 / "train.h5", seq_len=8, batch_size=2,
+                tokenizer_sha256=tk.tokenizer_sha256(saved))
+    # Re-preparing in place with the tokenizer already there keeps it as it is.
+    assert tp.main(["--files", files, "--lines", "--tokenizer", str(saved), "--out", str(out),
+                    "--overwrite"]) == 0
+    assert tk.validate_tokens(out / "train.h5").tokenizer_sha256 == tk.file_sha256(saved)
+    with pytest.raises(TokenReaderError, match="tokens would be read with the wrong"):
+        TokenReader(out2 / "train.h5", seq_len=8, batch_size=2,
+                    tokenizer_sha256=tk.tokenizer_sha256("bytes"))
+
+
+def test_tokenizer_without_the_end_token(tmp_path: Path, capsys) -> None:
+    files = corpus(tmp_path / "c", TEXTS * 3)
+    assert tp.main(["--files", files, "--tokenizer", "bpe", "--vocab-size", "280",
+                    "--out", str(tmp_path / "o"), "--eod-token", "</doc>", "--val-fraction",
+                    "0.2"]) == 0
+    assert tp.main(["--files", files, "--tokenizer", str(tmp_path / "o" / "tokenizer.json"),
+                    "--out", str(tmp_path / "o2"), "--val-fraction", "0"]) == 1
+    assert "has no end-of-document token '<|endoftext|>'" in capsys.readouterr().err
+
+
+def test_invalid_utf8_names_file_and_offset(tmp_path: Path, capsys) -> None:
+    files = corpus(tmp_path / "c", TEXTS)
+    bad = tmp_path / "c" / "f03.txt"
+    bad.write_bytes("λόγος ".encode() * 3 + b"\xc3\x28 tail")
+    for lines in ([], ["--lines"]):
+        assert tp.main(["--files", files, "--out", str(tmp_path / "o"), "--val-fraction", "0.3",
+                        *lines]) == 1
+        assert f"{bad}: invalid UTF-8 at byte offset 33" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "train.h5").exists()
+
+
+@pytest.mark.parametrize(("texts", "args", "problem"), [
+    (["", ""], [], "no documents"),
+    (["a", "b"], ["--val-fraction", "0.3"], "--val-fraction 0.3 of 2 documents is none"),
+    (["a"], ["--tokenizer", "nothing.json"], "--tokenizer nothing.json: no such file"),
+])
+def test_bad_corpus(tmp_path: Path, capsys, texts: list[str], args: list[str],
+                    problem: str) -> None:
+    files = corpus(tmp_path / "c", texts)
+    assert tp.main(["--files", files, "--out", str(tmp_path / "o"), *args]) == 1
+    assert problem in capsys.readouterr().err
+
+
+def test_pattern_matching_nothing(tmp_path: Path, capsys) -> None:
+    assert tp.main(["--files", str(tmp_path / "none*.txt"), "--out", str(tmp_path / "o")]) == 1
+    assert "matches no file" in capsys.readouterr().err
+
+
+def test_existing_output_is_kept_unless_overwrite(tmp_path: Path, capsys) -> None:
+    files = corpus(tmp_path / "c", TEXTS * 5)
+    out = tmp_path / "o"
+    assert tp.main(["--files", files, "--out", str(out)]) == 0
+    before = (out / "train.h5").read_bytes()
+    corpus(tmp_path / "c", ["changed text"] * 30)
+    assert tp.main(["--files", files, "--out", str(out)]) == 1
+    assert "train.h5, val.h5 already exist; pass --overwrite" in capsys.readouterr().err
+    assert (out / "train.h5").read_bytes() == before
+    assert tp.main(["--files", files, "--out", str(out), "--overwrite"]) == 0
+    assert (out / "train.h5").read_bytes() != before
+    params = json.loads(h5py.File(out / "train.h5").attrs["source_params"])
+    assert params["tokenizer"] == "bytes" and not params["lines"]
