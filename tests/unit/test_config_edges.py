@@ -19,7 +19,7 @@ POSITIVE = ["run.epochs", "data.batch_size", "optim.ref_batch", "model.num_class
 NON_NEGATIVE = ["run.max_steps", "run.stop_at_step", "data.global_batch_size",
                 "data.val_batch_size", "data.window_samples", "data.virtual_shards",
                 "data.prefetch", "model.width", "checkpoint.every_steps",
-                "schedule.warmup_epochs", "optim.weight_decay", "run.step_timeout_s"]
+                "schedule.warmup_epochs", "optim.weight_decay"]
 
 
 def build(*overrides: str) -> c.Config:
