@@ -15,9 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from hpcdp import watchdog
 from hpcdp.preempt import Preemption, requeue_job, requeue_wanted
 
 SIGNALS = ("USR1", "TERM", "USR2")
+
+
+@pytest.fixture(autouse=True)
+def no_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stall reported by an earlier test in this process would block every requeue."""
+    monkeypatch.setattr(watchdog, "_stalled", False)
 
 
 def test_every_signal_gets_the_handler_and_gets_its_own_back() -> None:
