@@ -93,7 +93,7 @@ OUT_OF_RANGE: dict[str, st.SearchStrategy[typing.Any]] = {
         "checkpoint.every_steps")},
     "run.seed": st.one_of(st.integers(max_value=-1), st.integers(2**63, 2**70)),
     **{k: st.floats(max_value=-1e-300, allow_infinity=False) for k in (
-        "schedule.warmup_epochs", "optim.weight_decay", "run.step_timeout_s", "optim.momentum")},
+        "schedule.warmup_epochs", "optim.weight_decay", "optim.momentum")},
     **{k: st.floats(max_value=0.0, allow_infinity=False) for k in (
         "optim.lr", "data.scale", "data.std", "horovod.gradient_predivide_factor",
         "schedule.gamma")},
