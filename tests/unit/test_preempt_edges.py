@@ -139,3 +139,12 @@ def test_failed_requeue_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         assert requeue_job("5", scontrol=str(exe), timeout=1.0) is False
     assert caplog.messages == [message]
     assert time.monotonic() - start < 4.5
+
+
+def test_a_stalled_job_says_why_it_is_not_requeued(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    exe = fake_scontrol(tmp_path, show="JobId=5 JobState=RUNNING")
+    monkeypatch.setattr(watchdog, "_stalled", True)
+    with caplog.at_level(logging.WARNING, logger="hpcdp.preempt"):
+        assert requeue_job("5", scontrol=str(exe)) is False
+    assert caplog.messages == ["not requeueing job 5: a stall was reported (see 'hpcdp stall:')"]
