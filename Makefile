@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-lm bench doctor gpu-check clean
+.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-lm bench doctor gpu-check mutate clean
 
 setup:
 	bash scripts/setup-system.sh
@@ -45,6 +45,10 @@ demo-lm: setup
 bench: setup
 	$(VENV)/bin/hpcdp bench all --out bench/results
 
+## Mutation testing of the pure core (10-20 min; not part of make test): a score per module.
+mutate: setup
+	VENV=$(VENV) bash scripts/mutate.sh
+
 doctor: setup
 	$(VENV)/bin/hpcdp doctor
 
@@ -53,4 +57,4 @@ gpu-check: setup
 	VENV=$(VENV) bash scripts/gpu-check.sh
 
 clean:
-	rm -rf runs data bench/results .pytest_cache .ruff_cache
+	rm -rf runs data bench/results .pytest_cache .ruff_cache mutants mutants.log

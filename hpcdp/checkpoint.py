@@ -22,6 +22,7 @@ See docs/checkpoints.md.
 from __future__ import annotations
 
 import argparse
+import errno
 import grp
 import hashlib
 import io
@@ -203,6 +204,31 @@ def refusal(name: str, version: int, message: str) -> str:
             "It was not loaded")
 
 
+#: Test hook: the checkpoint folder has room for only this many bytes (its files
+#: count against it), so a write that does not fit fails midway with ENOSPC, as on a
+#: full disk: the no-space path is tested where no small file system can be mounted.
+DISK_BYTES_ENV = "HPCDP_FAULT_DISK_BYTES"
+
+
+def _room(folder: Path) -> int | None:
+    """Bytes left in `folder` under HPCDP_FAULT_DISK_BYTES; None when it is not set."""
+    limit = os.environ.get(DISK_BYTES_ENV, "").strip()
+    if not limit:
+        return None
+    if not limit.isdigit():
+        raise CheckpointError(f"{DISK_BYTES_ENV}={limit!r}: expected a number of bytes")
+    return int(limit) - sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _write_all(f: Any, data: bytes, folder: Path, name: str) -> None:
+    room = _room(folder)
+    if room is not None and len(data) > room:
+        f.write(data[:max(0, room)])
+        f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+    f.write(data)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over, fsync the folder."""
     replace_atomic(path, data)
@@ -224,7 +250,7 @@ def replace_atomic(path: Path, data: bytes) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with open(fd, "wb") as f:
-            f.write(data)
+            _write_all(f, data, path.parent, str(tmp))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -44,9 +44,10 @@ def args(data: Path, run: Path, *extra: str) -> list[str]:
             "checkpoint.every_steps=2", "run.epochs=1", *extra]
 
 
-def fails(ranks, argv: list[str], fault: str = "", launcher: str = "mpirun") -> RankRun:
+def fails(ranks, argv: list[str], fault: str = "", launcher: str = "mpirun",
+          env: dict[str, str] | None = None) -> RankRun:
     """A run that must end non-zero within LIMIT seconds (bounded well above it)."""
-    env = {"HPCDP_FAULT": fault} if fault else None
+    env = {**({"HPCDP_FAULT": fault} if fault else {}), **(env or {})} or None
     run = ranks(argv, np=2, launcher=launcher, timeout=LIMIT + 30, env=env, expect_ok=False)
     assert not run.timed_out, run.describe()
     assert run.returncode != 0, run.describe()
@@ -144,42 +145,55 @@ def test_nan_loss_skip_keeps_training(ranks, data: Path, tmp_path: Path) -> None
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 512 KiB tmpfs: room for one checkpoint of the tiny model (340 KB), not two.
+SMALL_DISK = 512 * 1024  # room for one checkpoint of the tiny model (340 KB), not two
 
-    Mode 0700: a tmpfs root is 1777 by default, which resume refuses (docs/checkpoints.md).
+
+@pytest.fixture(params=["tmpfs", "hook"])
+def small_disk(request: pytest.FixtureRequest, tmp_path: Path):
+    """(folder, env, make_room): a disk with room for one checkpoint, not two.
+
+    tmpfs: a real 512 KiB file system, mode 0700 (needs root; skipped otherwise; a
+    tmpfs root is 1777 by default, which resume refuses: docs/checkpoints.md). hook: any
+    folder, with HPCDP_FAULT_DISK_BYTES making the checkpoint write fail with
+    ENOSPC at the same size (hpcdp.checkpoint), so the path is tested everywhere.
     """
     mnt = tmp_path / "small"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
+    if request.param == "hook":
+        yield mnt, {ck.DISK_BYTES_ENV: str(SMALL_DISK)}, lambda: None
+        return
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK},mode=0700",
+                           "tmpfs", str(mnt)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
     try:
-        yield mnt
+        yield mnt, {}, lambda: subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)],
+                                              check=True)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_full_disk_keeps_previous_checkpoint(ranks, data: Path, tmp_path: Path,
-                                             small_disk: Path) -> None:
+                                             small_disk) -> None:
+    folder, env, make_room = small_disk
     run = tmp_path / "run"
-    argv = args(data, run, f"checkpoint.dir={small_disk}", "checkpoint.keep=1")
-    first = small_disk / "step-00000002.pt"
-    out = fails(ranks, argv).output
-    every_rank(out, f"checkpoint {small_disk / 'step-00000004.pt'} was not written")
+    argv = args(data, run, f"checkpoint.dir={folder}", "checkpoint.keep=1")
+    first = folder / "step-00000002.pt"
+    out = fails(ranks, argv, env=env).output
+    every_rank(out, f"checkpoint {folder / 'step-00000004.pt'} was not written")
     assert "No space left on device" in out
     every_rank(out, f"the previous checkpoint {first} is intact")
-    assert [p.name for p in small_disk.iterdir()] == [first.name]  # no temp file left
-    good = first.read_bytes()
-    assert ck.decode(ck.read_verified(first), "first")["step"] == 2
+    assert [p.name for p in folder.iterdir()] == [first.name]  # no temp file left
+    good = ck.decode(ck.read_verified(first), "first")
+    assert good["step"] == 2 and not run.joinpath("summary.json").exists()
     # Room made (as a user would free space), the same command resumes and finishes.
-    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    make_room()
     out = ranks(argv, np=2, timeout=120).output
     assert f"resumed from {first}" in out
-    assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
-    assert good  # the file we resumed from was the intact one (checked above)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["resumed_from"] == str(first)
+    last = ck.decode(ck.read_verified(ck.step_path(folder, STEPS)), "last")
+    assert last["step"] == STEPS and [s for s, _ in ck.list_checkpoints(folder)] == [STEPS]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -235,7 +249,9 @@ def test_malformed_config(ranks, data: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[optim]\nlr = = 0.1\n")
     out = fails(ranks, [*TRAIN, "--config", str(bad), f"data.path={data}"]).output
-    every_rank(out, "bad.toml")
+    every_rank(out, f"config file {str(bad)!r} is not valid TOML")
+    every_rank(out, "(at line 2, column")  # where in the file
+    assert "Traceback" not in out
 
 
 def test_malformed_fault_spec_is_refused(ranks, data: Path, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import warnings
 from pathlib import Path
 
@@ -68,13 +69,16 @@ def test_keep_last_k_and_temp_files_ignored(tmp_path: Path) -> None:
     assert not any(p.name.startswith(".step-00000005") for p in tmp_path.iterdir())
 
 
-def test_failed_write_leaves_old_file_intact(tmp_path: Path) -> None:
+def test_failed_write_leaves_old_file_intact(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     path = ck.step_path(tmp_path, 3)
     ck.write_atomic(path, b"old")
 
-    # A write that fails midway (here: the data is not bytes) must not replace the file.
-    with pytest.raises(TypeError):
-        ck.write_atomic(path, 12345)  # type: ignore[arg-type]
+    # A disk that fills up midway (ENOSPC after 100 bytes) must not replace the file.
+    monkeypatch.setenv(ck.DISK_BYTES_ENV, "103")
+    with pytest.raises(OSError) as err:
+        ck.write_atomic(path, b"new" * 1000)
+    assert err.value.errno == errno.ENOSPC and "No space left on device" in str(err.value)
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 

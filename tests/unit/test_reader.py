@@ -137,7 +137,13 @@ def test_resume_from_4_ranks_into_2(data: Path) -> None:
         rest = np.concatenate(parts, axis=1)
         seen = np.concatenate([first.ravel(), rest.ravel()])
         assert len(np.unique(seen)) == len(seen)
-        assert 1000 - len(seen) < 48 + 2 * b  # only the documented remainder is left out
+        # 1000 // 48 = 20 steps of 48 fill 24 streams of 40; 5 steps took 10 of each, and
+        # the 30 left split into whole steps of 24 or 36 (u = 2 or 3): only the 40 samples
+        # past the last global batch of the epoch are left out.
+        assert 1000 - len(seen) == 1000 - 20 * 48
+        want = pt.global_order(1000, 16, 1, 0, 2 * b, 24, readers[0].window, position=10,
+                               stream_len=40)
+        np.testing.assert_array_equal(rest, want)
         if b == 24:
             np.testing.assert_array_equal(rest, ref[5:])
 

@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
+from hpcdp.data import partition as pt
 from hpcdp.data.assemble import RowMap, locate_rows
 from hpcdp.data.reader import MMAP_ENV, ShardedReader
 
@@ -87,13 +88,15 @@ def test_mapped_resume_mid_epoch_matches_hdf5(tmp_path: Path) -> None:
             if j == 4:
                 break
         state = r.state_dict()
+    # 1000 // 48 = 20 steps fill 24 streams of 40 (in chunks of 17); 5 steps took 10 of each;
+    # resumed with 72 a step, the rest is the global order from there, 3 a stream a step.
+    want = pt.global_order(1000, 17, 5, 2, 72, 24, 7, position=10, stream_len=40)
+    with h5py.File(path, "r") as f:
+        rows = f["x"][:]
     for mm in (True, False):
-        got = batches(path, mmap=mm, epoch=2, state=state, batch_size=72, window_samples=7)
-        if mm:
-            mapped = got
-        else:
-            assert [a.tobytes() for a in mapped[0]] == [a.tobytes() for a in got[0]]
-            np.testing.assert_array_equal(np.stack(mapped[1]), np.stack(got[1]))
+        xs, ys = batches(path, mmap=mm, epoch=2, state=state, batch_size=72, window_samples=7)
+        np.testing.assert_array_equal(np.stack(ys), want)
+        assert np.stack(xs).tobytes() == rows[want].tobytes()
 
 
 def test_compressed_and_filtered_data_fall_back_to_hdf5(tmp_path: Path) -> None:

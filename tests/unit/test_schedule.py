@@ -116,6 +116,22 @@ def test_errors() -> None:
 
 
 def test_is_a_pure_function() -> None:
+    """Each rate follows from the step alone: called in any order, it is the closed form."""
     sch = s.from_epochs(0.1, 2.0, "cosine", 7, 3, warmup_epochs=0.5)
-    assert [sch.lr(i) for i in range(21)] == [sch.lr(i) for i in range(21)]
-    assert not any(math.isnan(sch.lr(i)) for i in range(21))
+    # Half an epoch of 7 steps is 3.5 steps, rounded to 4 (not truncated to 3).
+    assert (sch.warmup_steps, sch.total_steps) == (4, 21)
+    expected = [0.2 * i / 4 for i in range(4)] + [
+        0.2 * 0.5 * (1 + math.cos(math.pi * (i - 4) / 17)) for i in range(4, 22)]
+    forward = [sch.lr(i) for i in range(22)]
+    backward = [sch.lr(i) for i in reversed(range(22))][::-1]
+    assert forward == pytest.approx(expected, abs=1e-12)
+    assert backward == forward
+
+
+@pytest.mark.parametrize(("epochs", "per_epoch", "steps"),
+                         [(0.5, 7, 4), (0.75, 10, 8), (1.25, 4, 5), (0.3, 10, 3)])
+def test_fractional_warmup_epochs_round_to_the_nearest_step(epochs: float, per_epoch: int,
+                                                             steps: int) -> None:
+    sch = s.from_epochs(1.0, 1.0, "constant", per_epoch, 4, warmup_epochs=epochs)
+    assert sch.warmup_steps == steps
+    assert sch.lr(steps - 1) < 1.0 == sch.lr(steps)

@@ -124,14 +124,21 @@ def _sbatch_lines(text: str) -> list[str]:
 def test_every_value_is_quoted_and_order_is_stable() -> None:
     text = render(**CASES["gpu_multi_node"])
     lines = _sbatch_lines(text)
-    assert lines[:3] == ["#SBATCH --job-name='resnet cifar'", "#SBATCH --nodes=8",
-                         "#SBATCH --ntasks-per-node=4"]
+    assert lines == [
+        "#SBATCH --job-name='resnet cifar'", "#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=8", "#SBATCH --exclusive",
+        "#SBATCH --time=1-12:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=proj-42",
+        "#SBATCH --qos=normal", "#SBATCH --constraint='a100&ib'", "#SBATCH --signal=USR1@600",
+        "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --output=logs/%x-%j.out",
+        "#SBATCH --mem=0", "#SBATCH --mail-type=END,FAIL", "#SBATCH --comment='it'\"'\"'s mine'",
+    ]
     assert "#SBATCH --constraint='a100&ib'" in lines
     assert "#SBATCH --comment='it'\"'\"'s mine'" in lines
     assert "export HPCDP_NOTE='a b; $(not run)'" in text
     assert "train_args=(--config configs/resnet.toml 'data.path=/scratch/data sets/cifar' " \
            "optim.lr=0.4)" in text
-    # Rendering is a pure function: same options, same text.
+    # Rendering is a pure function: another rendering in between leaves no trace.
+    render(**CASES["cpu_tasks_term"], sbatch_options=("--mem=8G",), env={"A": "1"})
     assert render(**CASES["gpu_multi_node"]) == text
 
 

@@ -22,7 +22,8 @@ FIXED = StallRule(timeout_s=0.5, warmup_factor=1.0)
 
 
 @pytest.fixture(autouse=True)
-def fresh_progress():
+def fresh_progress(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(watchdog, "_stalled", False)  # a stall fired here ends with the test
     watchdog.progress.restart(time.monotonic())
     yield
     watchdog.progress.restart(time.monotonic())

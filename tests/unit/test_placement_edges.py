@@ -1,0 +1,45 @@
+"""Placement at its edges: the exact messages a user reads when ranks are placed badly.
+
+Each test pins down a behaviour that mutation testing (`make mutate`) found unguarded.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdp.placement import (
+    RankPlacement,
+    check_placement,
+    device_index_for_local_rank,
+    placement_message,
+)
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_no_visible_gpu_is_named_as_such(local_rank: int) -> None:
+    with pytest.raises(ValueError) as err:
+        device_index_for_local_rank(local_rank, 0)
+    assert str(err.value) == "no visible GPU to bind to"
+
+
+def test_more_ranks_than_gpus_message() -> None:
+    with pytest.raises(ValueError) as err:
+        device_index_for_local_rank(2, 2)
+    assert str(err.value) == ("local rank 2 has no GPU of its own: only 2 visible "
+                              "(more ranks per node than GPUs)")
+
+
+def test_local_ranks_problem_names_the_expected_range() -> None:
+    ranks = [RankPlacement(0, 3, 0, 3, "a", None), RankPlacement(1, 3, 2, 3, "a", None),
+             RankPlacement(2, 3, 5, 3, "a", None)]
+    assert check_placement(ranks) == ["a: local ranks [0, 2, 5] are not 0..2"]
+
+
+def test_placement_message_in_full() -> None:
+    assert placement_message([]) is None
+    assert placement_message(["x", "y"]) == "x; y"
+    shared = ["a: ranks [0, 1] are all bound to GPU 0", "b: local ranks [1] are not 0..0"]
+    assert placement_message(shared) == (
+        "a: ranks [0, 1] are all bound to GPU 0; b: local ranks [1] are not 0..0: start at most "
+        "one rank per GPU (fewer ranks per node, or give each rank its own GPU, e.g. Slurm's "
+        "--gpus-per-task=1 or CUDA_VISIBLE_DEVICES)")
