@@ -51,7 +51,8 @@ def test_resume_that_would_change_the_peak_rate_is_refused(make_data, tmp_path: 
     first = run_ranks([*base, "data.global_batch_size=32", "run.stop_at_step=3"], np=2,
                       timeout=120.0)
     assert first.ok, first.describe()
-    for change, needle in (("data.global_batch_size=64", "update batch 32 -> 64"),
+    batch_change = "a global batch of 32 samples per step, but this run takes 64"
+    for change, needle in (("data.global_batch_size=64", batch_change),
                            ("optim.lr=0.1", "peak lr 0.05 -> 0.1")):
         refused = run_ranks([*base, "data.global_batch_size=32", change], np=2, timeout=120.0)
         assert refused.returncode != 0 and not refused.timed_out, refused.describe()
