@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from hpcdp import __version__
-from hpcdp.cli import report_crashes
+from hpcdp.crash import report_crashes
 from hpcdp.data import clicks as ck
 from hpcdp.data import prep
 

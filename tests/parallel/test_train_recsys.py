@@ -15,7 +15,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
 from test_train import assert_same_params, failing, final_state, on_every_rank
 
 pytestmark = pytest.mark.parallel
