@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-unit test-parallel test-slurm lint demo bench doctor gpu-check clean
+.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-recsys bench doctor gpu-check clean
 
 setup:
 	bash scripts/setup-system.sh
@@ -36,6 +36,11 @@ lint:
 ## Prepare the bundled digits data with 2 ranks and train on it with horovodrun -np 2.
 demo: setup
 	VENV=$(VENV) bash scripts/demo.sh
+
+## Write the click log with 2 ranks, train the DLRM-style model with horovodrun -np 2,
+## and set val_auc beside the data's oracle_auc and baseline_auc.
+demo-recsys: setup
+	VENV=$(VENV) bash scripts/demo-recsys.sh
 
 bench: setup
 	$(VENV)/bin/hpcdp bench all --out bench/results
