@@ -111,9 +111,9 @@ class RecsysConfig:
     top: list[int] = field(default_factory=lambda: [64])  # top MLP's hidden widths
     table_optim: str = "adagrad"  # adagrad | sparse_adam: the tables' sparse optimizer
     table_lr: float = 0.05  # the tables' peak rate (for optim.ref_batch samples per update)
-    # Adagrad's initial accumulator: damps a rarely seen row's first steps, which would
-    # otherwise be about table_lr whatever the gradient (docs/recsys.md)
-    initial_accumulator: float = 0.01
+    # Adagrad's initial accumulator: above 0 it damps a rarely seen row's first steps
+    # (about table_lr whatever the gradient at 0): slower to learn, slower to overfit
+    initial_accumulator: float = 0.0
     check_data: bool = True  # scan every id and label of both files on every rank at start
 
 
