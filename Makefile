@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-lm bench doctor gpu-check mutate clean
+.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-lm demo-recsys bench doctor gpu-check mutate clean
 
 setup:
 	bash scripts/setup-system.sh
@@ -41,6 +41,11 @@ demo: setup
 ## print the validation loss against the corpus's entropy rate.
 demo-lm: setup
 	VENV=$(VENV) bash scripts/demo_lm.sh
+
+## Write the click log with 2 ranks, train the DLRM-style model with horovodrun -np 2,
+## and set val_auc beside the data's oracle_auc and baseline_auc.
+demo-recsys: setup
+	VENV=$(VENV) bash scripts/demo-recsys.sh
 
 bench: setup
 	$(VENV)/bin/hpcdp bench all --out bench/results

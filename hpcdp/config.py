@@ -73,14 +73,14 @@ class DataConfig:
 class TaskConfig:
     """The workload: what is read, the model family, the loss and the metrics (hpcdp.tasks)."""
 
-    name: str = "image"  # image (classification) | lm (GPT language model)
+    name: str = "image"  # image (classification) | lm (GPT) | recsys (click models)
 
 
 @dataclass
 class ModelConfig:
     """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50; lm: gpt
+    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50; lm: gpt; recsys: dlrm
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
 
 
@@ -110,6 +110,25 @@ class LMConfig:
     dropout: float = 0.0  # on attention, residual and embeddings; 0 for determinism
     tokenizer_sha256: str = ""  # if set: the data must be made with this tokenizer
     peak_tflops: float = 0.0  # device peak for MFU, TFLOP/s; 0: known GPUs detected, else none
+
+
+@dataclass
+class RecsysConfig:
+    """The click model task (DLRM): its model shape and the optimizer of its tables.
+
+    optim.lr is the MLPs' rate (Adam); the tables take their own optimizer and rate,
+    and both follow the same schedule and batch rule (docs/recsys.md).
+    """
+
+    embed_dim: int = 16  # width of every embedding row (and of the bottom MLP's output)
+    bottom: list[int] = field(default_factory=lambda: [64])  # bottom MLP's hidden widths
+    top: list[int] = field(default_factory=lambda: [64])  # top MLP's hidden widths
+    table_optim: str = "adagrad"  # adagrad | sparse_adam: the tables' sparse optimizer
+    table_lr: float = 0.05  # the tables' peak rate (for optim.ref_batch samples per update)
+    # Adagrad's initial accumulator: above 0 it damps a rarely seen row's first steps
+    # (about table_lr whatever the gradient at 0): slower to learn, slower to overfit
+    initial_accumulator: float = 0.0
+    check_data: bool = True  # scan every id and label of both files on every rank at start
 
 
 @dataclass
@@ -163,6 +182,10 @@ class HorovodConfig:
     # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
     # a model with sparse gradients (set 0).
     bucket_mb: float = -1.0
+    # Gradients of sparse embedding tables (nn.Embedding(sparse=True)): sparse (Horovod
+    # all-gathers each rank's rows and ids) | dense (sparse_as_dense: the whole table is
+    # all-reduced). Such tables always take Horovod's DistributedOptimizer.
+    sparse_grads: str = "sparse"
     timeline: str = ""  # HOROVOD_TIMELINE file; relative paths are inside the run dir
     # Horovod's stall inspector (MPI controller only), whole seconds: warn after
     # stall_check_s (HOROVOD_STALL_CHECK_TIME_SECONDS, Horovod's default 60), shut down
@@ -219,6 +242,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     lm: LMConfig = field(default_factory=LMConfig)
+    recsys: RecsysConfig = field(default_factory=RecsysConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
@@ -247,10 +271,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule.kind": ("cosine", "step", "constant"),
     "horovod.compression": ("none", "fp16"),
     "horovod.op": ("average", "adasum"),
+    "horovod.sparse_grads": ("sparse", "dense"),
+    "recsys.table_optim": ("adagrad", "sparse_adam"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
 #: Tasks hpcdp knows (each a module hpcdp.tasks.<name>); checked here without importing them.
-TASK_NAMES = ("image", "lm")
+TASK_NAMES = ("image", "lm", "recsys")
 
 #: Keys that moved to a task's own section: an old config gets an error naming the new key.
 MOVED: dict[str, str] = {
@@ -452,6 +478,7 @@ def validate(cfg: Config) -> None:
         "data.batch_size": cfg.data.batch_size,
         "optim.ref_batch": cfg.optim.ref_batch,
         "image.num_classes": cfg.image.num_classes,
+        "recsys.embed_dim": cfg.recsys.embed_dim,
         "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
         "checkpoint.keep": cfg.checkpoint.keep,
         "preempt.check_every": cfg.preempt.check_every,
@@ -530,6 +557,11 @@ def _validate_more(cfg: Config) -> None:
         raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
     if any(m < 0 for m in cfg.schedule.milestones):
         raise ConfigError(f"schedule.milestones={cfg.schedule.milestones}: must not be negative")
+    if cfg.recsys.table_lr <= 0 or cfg.recsys.initial_accumulator < 0:
+        raise ConfigError("recsys.table_lr must be positive, recsys.initial_accumulator "
+                          "not negative")
+    if any(w < 1 for w in (*cfg.recsys.bottom, *cfg.recsys.top)):
+        raise ConfigError("recsys.bottom and recsys.top: every width must be at least 1")
     name = cfg.run.name
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise ConfigError(f"run.name={name!r}: must be a plain folder name (set run.dir for a "

@@ -356,8 +356,12 @@ def sync_batchnorm_class() -> type[torch.nn.Module]:
 
 
 def distributed_optimizer(base: Any, named_parameters: Sequence[tuple[str, Any]],
-                          hc: HorovodConfig) -> Any:
-    """Horovod's DistributedOptimizer over `base`, configured from the [horovod] section."""
+                          hc: HorovodConfig, sparse_as_dense: bool = False) -> Any:
+    """Horovod's DistributedOptimizer over `base`, configured from the [horovod] section.
+
+    `sparse_as_dense`: sparse gradients are made dense and all-reduced, instead of
+    all-gathered as rows and ids.
+    """
     return hvd.DistributedOptimizer(
         base,
         named_parameters=named_parameters,
@@ -365,6 +369,7 @@ def distributed_optimizer(base: Any, named_parameters: Sequence[tuple[str, Any]]
         backward_passes_per_step=hc.backward_passes_per_step,
         op=hvd.Adasum if hc.op == "adasum" else hvd.Average,
         gradient_predivide_factor=hc.gradient_predivide_factor,
+        sparse_as_dense=sparse_as_dense,
     )
 
 

@@ -144,6 +144,10 @@ def from_epochs(
 
 
 def set_lr(optimizer: object, lr: float) -> None:
-    """Write the rate into every parameter group (works for torch and Horovod optimizers)."""
+    """Write the rate into every parameter group (works for torch and Horovod optimizers).
+
+    A group with an "lr_scale" entry takes that multiple of the rate: a task with
+    several optimizers (embedding tables beside MLPs) keeps their ratio on one schedule.
+    """
     for group in optimizer.param_groups:  # type: ignore[attr-defined]
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

@@ -16,6 +16,9 @@ it. The training package (hpcdp.train) asks the task for:
 - `optimizers(cfg, model)`: one optimizer, or several over disjoint parameters
   (a dense one and a sparse one for embedding tables, say); each is averaged
   over ranks by its own distributed wrapper;
+- `check_file(cfg, path)` (optional): the values of a data file (ids inside
+  their tables, labels in range), on every rank before any collective; raises
+  with the file, field and rows;
 - `defaults`: config values the task changes (any section), applied before the
   config file.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpcdp.config import TASK_NAMES, ConfigError
@@ -71,6 +75,7 @@ class Metric:
     reduce: Literal["mean", "sum", "gather"] = "mean"
     finish: Callable[[torch.Tensor], float] | None = None
     in_training: bool = True  # also reported for training windows (gathers can be costly)
+    in_validation: bool = True  # also reported for validation (not for training-only costs)
 
     def __post_init__(self) -> None:
         if self.reduce == "gather" and self.finish is None:
@@ -104,6 +109,7 @@ class Task:
     metrics: tuple[Metric, ...]
     optimizers: Callable[[Config, torch.nn.Module], list[torch.optim.Optimizer]]
     count: Callable[[Any], int] = _first_len
+    check_file: Callable[[Config, Path], None] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     readers: Callable[[Config, int, int, int, torch.device], tuple[Any, Any]] | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
@@ -129,14 +135,19 @@ def defaults(name: str) -> Mapping[str, Mapping[str, Any]]:
     return get(name).defaults
 
 
-def default_optimizers(cfg: Config, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
-    """One optimizer over every parameter, as [optim] describes it."""
+def optimizer_for(cfg: Config, params: Any) -> torch.optim.Optimizer:
+    """The optimizer [optim] describes, over `params`."""
     import torch
 
     o = cfg.optim
     if o.name == "sgd":
-        return [torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
-                                nesterov=o.nesterov and o.momentum > 0,
-                                weight_decay=o.weight_decay)]
-    return [torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
-                              betas=(o.betas[0], o.betas[1]))]
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum,
+                               nesterov=o.nesterov and o.momentum > 0,
+                               weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay,
+                             betas=(o.betas[0], o.betas[1]))
+
+
+def default_optimizers(cfg: Config, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
+    """One optimizer over every parameter, as [optim] describes it."""
+    return [optimizer_for(cfg, model.parameters())]

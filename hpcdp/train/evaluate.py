@@ -20,7 +20,8 @@ class MetricSums:
 
     def __init__(self, metrics: Sequence[Metric], device: torch.device,
                  training: bool = False) -> None:
-        self.metrics = [m for m in metrics if m.in_training or not training]
+        self.metrics = [m for m in metrics
+                        if (m.in_training if training else m.in_validation)]
         self.scalars = [m for m in self.metrics if m.reduce != "gather"]
         self.gathered = [m for m in self.metrics if m.reduce == "gather"]
         # One slot per scalar metric, then the count (the means' denominator), then samples.

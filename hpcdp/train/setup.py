@@ -116,10 +116,36 @@ def check_kinds(path: Path, wanted: list[Dataset]) -> None:
                                   f"{f[d.name].dtype}, which this task cannot use")
 
 
+def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank: int,
+                    size: int, device: torch.device) -> Any:
+    """The shuffled reader with equal steps on every rank: one or two datasets (samples,
+    labels) through ShardedReader, more through FieldReader (the same order per field)."""
+    from hpcdp.data.fields import FieldReader
+    from hpcdp.data.reader import ShardedReader
+
+    common = dict(batch_size=batch, rank=rank, world_size=size, seed=cfg.run.seed,
+                  prefetch=cfg.data.prefetch, pin_memory=device.type == "cuda",
+                  window_samples=cfg.data.window_samples or None,
+                  virtual_shards=cfg.data.virtual_shards or None)
+    if len(names) > 2:
+        return FieldReader(path, names, **common)
+    return ShardedReader(path, x_name=names[0], y_name=names[1] if len(names) > 1 else None,
+                         **common)
+
+
+def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
+    """The first dataset's layout; `ReaderError` if the datasets cannot be read together."""
+    from hpcdp.data.fields import validate_fields
+    from hpcdp.data.reader import validate_dataset
+
+    if len(names) > 2:
+        return validate_fields(str(path), names, min_samples)[0]
+    return validate_dataset(path, names[0], names[1] if len(names) > 1 else None, min_samples)
+
+
 def readers(cfg: Config, task: Task, rank: int, size: int,
             device: torch.device) -> tuple[Any, Any, int]:
     """The training reader (shuffled, equal steps) and the validation reader (every sample)."""
-    from hpcdp.data.reader import ShardedReader, validate_dataset
     from hpcdp.data.slices import SliceReader
 
     batch = per_rank_batch(cfg, size)
@@ -132,22 +158,18 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     root = Path(cfg.data.path)
     train_path, val_path = root / cfg.data.train_file, root / cfg.data.val_file
     wanted = list(task.datasets(cfg))
-    if not 1 <= len(wanted) <= 2:  # the sharded reader reads samples and optional labels
-        raise ConfigError(f"task {task.name!r} reads {len(wanted)} datasets; the training "
-                          "reader reads one or two (samples, labels)")
-    x_name, y_name = wanted[0].name, wanted[1].name if len(wanted) > 1 else None
-    info = validate_dataset(train_path, x_name, y_name, min_samples=batch * size * accum)
-    val_info = validate_dataset(val_path, x_name, y_name)
+    if not wanted:
+        raise ConfigError(f"task {task.name!r} reads no datasets")
+    names = [d.name for d in wanted]
+    info = checked_layout(train_path, names, min_samples=batch * size * accum)
+    val_info = checked_layout(val_path, names)
     for path in (train_path, val_path):
         check_kinds(path, wanted)
-    train_reader = ShardedReader(
-        train_path, batch_size=batch, rank=rank, world_size=size, seed=cfg.run.seed,
-        x_name=x_name, y_name=y_name, prefetch=cfg.data.prefetch,
-        pin_memory=device.type == "cuda", window_samples=cfg.data.window_samples or None,
-        virtual_shards=cfg.data.virtual_shards or None)
-    val_reader = SliceReader(val_path, [d.name for d in wanted],
-                             batch_size=cfg.data.val_batch_size or batch, rank=rank,
-                             world_size=size)
+        if task.check_file is not None:  # the values themselves, before any collective
+            task.check_file(cfg, path)
+    train_reader = training_reader(cfg, train_path, names, batch, rank, size, device)
+    val_reader = SliceReader(val_path, names, batch_size=cfg.data.val_batch_size or batch,
+                             rank=rank, world_size=size)
     _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py
     check_accumulation(train_reader, train_path, accum)
     if tuple(val_info.sample_shape) != tuple(info.sample_shape):
@@ -189,11 +211,19 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
                 device: torch.device, size: int) -> Any:
     """`base` wrapped to average gradients over ranks: flat buckets, or Horovod's own.
 
+    An optimizer of sparse embedding tables always takes Horovod's, which averages
+    their gradients as `horovod.sparse_grads` says (all-gather of rows, or dense).
+
     Both wrappers build a new optimizer over the same parameter groups: use only
     the wrapper from here on.
     """
     from hpcdp import dist
 
+    mine = {id(p) for group in base.param_groups for p in group["params"]}
+    named = [(n, p) for n, p in model.named_parameters() if id(p) in mine]
+    if mine & sparse_tables(model):  # flat buckets take dense gradients only
+        return dist.distributed_optimizer(base, named, cfg.horovod,
+                                          sparse_as_dense=cfg.horovod.sparse_grads == "dense")
     nbytes = bucket_bytes(cfg, device)
     if nbytes and size > 1:  # one rank has nothing to average: no copies then
         try:
@@ -201,9 +231,13 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
                             cfg.horovod.gradient_predivide_factor)
         except ValueError as e:  # parameters of several dtypes or devices
             log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
-    mine = {id(p) for group in base.param_groups for p in group["params"]}
-    named = [(n, p) for n, p in model.named_parameters() if id(p) in mine]
     return dist.distributed_optimizer(base, named, cfg.horovod)
+
+
+def sparse_tables(model: torch.nn.Module) -> set[int]:
+    """ids of the parameters with sparse gradients: embedding tables built with sparse=True."""
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return {id(m.weight) for m in model.modules() if isinstance(m, kinds) and m.sparse}
 
 
 def schedule(cfg: Config, steps_per_epoch: int, batch: int, size: int) -> sched.Schedule:
@@ -236,7 +270,7 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
     """Every part of the run on this rank; raises on bad data or options (no collectives)."""
     check_runtime(cfg, device, size)
     train_reader, val_reader, batch = readers(cfg, task, rank, size, device)
-    net = model(cfg, task, tuple(train_reader.sample_shape), device)
+    net = model(cfg, task, tuple(val_reader.sample_shape), device)
     seed_everything(cfg.run.seed + rank)  # per-rank streams for anything random later
     optimizers = [distributed(cfg, opt, net, device, size) for opt in task.optimizers(cfg, net)]
     scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None

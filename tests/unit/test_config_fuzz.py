@@ -53,7 +53,7 @@ LITERALS: dict[str, st.SearchStrategy[str]] = {
 }
 # What each declared type accepts; everything else is a wrong type.
 ACCEPTS = {int: {"int"}, float: {"int", "float"}, bool: {"bool"}, str: {"str"},
-           list[str]: {"list"}, list[float]: {"list"}}
+           list[str]: {"list"}, list[float]: {"list"}, list[int]: {"list"}}
 
 
 @st.composite
