@@ -181,10 +181,12 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     """`base` wrapped to average gradients over ranks: flat buckets, or Horovod's own.
 
     Both wrappers build a new optimizer over the same parameter groups: use only
-    the wrapper from here on.
+    the wrapper from here on. On one rank `base` itself is returned (see `train.step`).
     """
     from hpcdp import dist
 
+    if size == 1:  # nothing to average: no hooks, copies or synchronize() per step
+        return base
     nbytes = bucket_bytes(cfg, device)
     if nbytes and size > 1:  # one rank has nothing to average: no copies then
         try:

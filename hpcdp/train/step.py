@@ -80,8 +80,9 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
         if not finite(p.data for p in run.model.parameters()):
             raise nonfinite(step, run.cfg, "weights after an Adasum step", can_skip=False)
         return t_data, t_compute, time.perf_counter() - t2
-    for opt in run.optimizers:
-        opt.synchronize()
+    if run.size > 1:  # one rank's optimizers are unwrapped (setup.distributed)
+        for opt in run.optimizers:
+            opt.synchronize()
     t3 = time.perf_counter()
     watchdog.phase("optimizer")
     update(run, step)
@@ -106,7 +107,8 @@ def update(run: Run, step: int) -> None:
         return
     with ExitStack() as stack:
         for opt in run.optimizers:
-            stack.enter_context(opt.skip_synchronize())
+            if run.size > 1:
+                stack.enter_context(opt.skip_synchronize())
         for opt in run.optimizers:
             if run.scaler is not None:
                 run.scaler.step(opt)
