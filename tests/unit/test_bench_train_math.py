@@ -7,7 +7,14 @@ import math
 import pytest
 
 from hpcdp.bench import targets
-from hpcdp.bench.train import checks, efficiency, shares, steady_state, summarize
+from hpcdp.bench.train import (
+    checks,
+    efficiency,
+    overhead_table,
+    shares,
+    steady_state,
+    summarize,
+)
 
 
 def test_efficiency_is_the_weak_scaling_ratio() -> None:
@@ -69,6 +76,29 @@ def test_summary_medians_ratios_and_checks() -> None:
     assert [ok for _, _, ok in rows] == [True, True, False]
     with pytest.raises(ValueError, match="need runs"):
         summarize(runs[:3], ddp)
+
+
+def test_overhead_against_the_bare_loop() -> None:
+    """Overhead is each round's hpcdp 1-rank step minus that round's bare step (median)."""
+    runs = [{"round": r, "model": "m", "np": 1, "samples_per_s": 1000.0 / ms, "step_ms": ms,
+             "data_ms": 0.1, "compute_ms": ms - 1.0, "comm_ms": 0.0}
+            for r, ms in enumerate((10.0, 12.0, 11.0))]
+    runs += [{"round": r, "model": "m", "np": 2, "samples_per_s": 150.0, "step_ms": 13.0,
+              "data_ms": 0.1, "compute_ms": 9.0, "comm_ms": 3.0} for r in range(3)]
+    bare = [{"round": r, "model": "m", "np": 1, "samples_per_s": 1000.0 / ms, "step_ms": ms}
+            for r, ms in enumerate((9.0, 9.5, 10.5))]
+    bare += [{"round": 0, "model": "m", "np": 2, "samples_per_s": 200.0, "step_ms": 10.0}]
+    s = summarize(runs, [], bare=bare)["m"]
+    assert s["overhead_ms_1"] == pytest.approx(1.0)  # differences 1.0, 2.5, 0.5
+    assert s["bare_step_ms_1"] == pytest.approx(9.5)
+    assert s["step_ms_1"] == pytest.approx(11.0) and s["data_ms_1"] == pytest.approx(0.1)
+    assert s["vs_bare_1"] == pytest.approx((1000 / 11) / (1000 / 9.5))
+    assert s["vs_bare_2"] == pytest.approx(150 / 200)
+    assert checks({"m": s}, "m")["m 1 rank within 2% of the bare loop"] is False
+    assert "overhead ms" in overhead_table({"m": s}) and "0.75" in overhead_table({"m": s})
+    rows = targets("train", {"summary": {"m": s}})
+    assert rows[-1][0] == "m: 1 rank/bare loop >= 0.98" and rows[-1][2] is False
+    assert "overhead_ms_1" not in summarize(runs, [])["m"]  # no bare runs: no such figures
 
 
 def test_target_rows_of_the_other_benchmarks() -> None:
