@@ -58,3 +58,28 @@ def test_bench_train_rejects_bad_options_before_running(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         bench_main(["train", "--steps", "5", "--window", "2", "--out", str(tmp_path)])
     assert not (tmp_path / "train.json").exists()
+
+
+def test_step_overhead_in_one_process(tmp_path: Path) -> None:
+    """hpcdp's step and the bare step, alternating in one process: one JSON line of figures."""
+    import subprocess
+    import sys
+
+    from hpcdp.launcher import rank_environment
+
+    data = tmp_path / "digits"
+    prep = subprocess.run([sys.executable, "-m", "hpcdp.data.prep", "digits", "--out", str(data)],
+                          capture_output=True, text=True, timeout=120, env=rank_environment())
+    assert prep.returncode == 0, prep.stdout + prep.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdp.bench.step_overhead", "--config",
+         str(Path(__file__).resolve().parents[2] / "hpcdp" / "configs" / "digits.toml"),
+         f"data.path={data}", "--blocks", "2", "--steps", "3", "--warmup", "1",
+         "log.every_steps=2"], capture_output=True, text=True, timeout=120,
+        env=rank_environment(), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["label"] == "digits_cnn" and result["blocks"] == 2
+    for key in ("hpcdp_step_ms", "bare_step_ms"):
+        assert _positive(result[key]), result
+    assert math.isfinite(result["overhead_ms"]) and _positive(result["last_window"]["compute_ms"])

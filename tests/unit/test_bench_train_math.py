@@ -116,3 +116,16 @@ def test_target_rows_of_the_other_benchmarks() -> None:
     reader = targets("reader", {"summary": {"checks": {"a": True, "b": False}}})
     assert [ok for _, _, ok in reader] == [True, False]
     assert math.isfinite(efficiency(1.0, 1.0))
+
+
+def test_step_overhead_is_the_median_of_paired_differences() -> None:
+    from hpcdp.bench.step_overhead import summarize as overhead
+
+    split = {"data_ms": 0.1, "compute_ms": 5.0, "comm_ms": 0.0, "step_ms": 6.0}
+    s = overhead([(6.0, 5.0), (9.0, 8.5), (5.5, 4.0)], split, "m")
+    assert s["overhead_ms"] == pytest.approx(1.0)  # differences 1.0, 0.5, 1.5
+    assert s["bare_step_ms"] == pytest.approx(5.0) and s["hpcdp_step_ms"] == pytest.approx(6.0)
+    assert s["overhead_share"] == pytest.approx(0.2)
+    assert s["last_window"] == {"data_ms": 0.1, "compute_ms": 5.0, "comm_ms": 0.0}
+    with pytest.raises(ValueError, match="no timed blocks"):
+        overhead([], split, "m")
