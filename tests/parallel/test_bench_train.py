@@ -49,7 +49,16 @@ def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
         assert set(s["shares"]) == {"data", "compute", "comm", "other"}
         assert all(0.0 <= v <= 1.0 for v in s["shares"].values()), s["shares"]
     assert set(summary["checks"]) == {"resnet18 efficiency >= 90%", "resnet18 data share < 5%",
-                                      "resnet18 not slower than DDP (gloo)"}
+                                      "resnet18 not slower than DDP (gloo)",
+                                      "resnet18 1 rank within 2% of the bare loop"}
+    assert sorted((b["model"], b["np"]) for b in result["bare"]) == [
+        ("digits_cnn", 1), ("digits_cnn", 2), ("resnet18", 1), ("resnet18", 2)]
+    for model in ("digits_cnn", "resnet18"):
+        s = summary[model]
+        for key in ("bare_samples_per_s_1", "bare_step_ms_1", "vs_bare_1", "vs_bare_2"):
+            assert _positive(s[key]), (model, key, s)
+        assert math.isfinite(s["overhead_ms_1"])
+    assert "overhead ms" in printed and "hpcdp/bare 1" in printed
 
 
 def test_bench_train_rejects_bad_options_before_running(tmp_path: Path) -> None:
