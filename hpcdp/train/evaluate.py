@@ -32,8 +32,12 @@ class MetricSums:
         self.rows: dict[str, list[torch.Tensor]] = {m.name: [] for m in self.gathered}
 
     def add(self, measured: Mapping[str, torch.Tensor], count: int, samples: int = 0) -> None:
-        if self.scalars:
-            self.sums += torch.stack([measured[m.name].detach() for m in self.scalars]).view(-1)
+        values = [measured[m.name] for m in self.scalars]
+        if values and all(isinstance(v, torch.Tensor) for v in values):
+            self.sums += torch.stack([v.detach() for v in values]).view(-1)
+        else:  # plain numbers from a task: one add each
+            for i, v in enumerate(values):
+                self.sums[i] += v
         self.count += count
         self.samples += samples or count
         for m in self.gathered:

@@ -188,7 +188,7 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     if size == 1:  # nothing to average: no hooks, copies or synchronize() per step
         return base
     nbytes = bucket_bytes(cfg, device)
-    if nbytes and size > 1:  # one rank has nothing to average: no copies then
+    if nbytes:
         try:
             return bucketed(base, nbytes, cfg.horovod.backward_passes_per_step,
                             cfg.horovod.gradient_predivide_factor)
