@@ -9,8 +9,8 @@ the preemption agreement and the metrics report every `log.every_steps`; and
 (b) a bare step: zero_grad, forward, cross entropy, backward and an SGD step
 (the config's settings) on one batch held in memory, already converted. Both
 share whatever load the machine has, block by block, so the median of the
-per-block differences is the overhead even where absolute step times move by
-2x between launches (`hpcdp bench train` compares separate launches).
+per-block differences is the overhead even where absolute step times move a
+lot between launches (`hpcdp bench train` compares separate launches).
 
 Prints one JSON line: median step ms of each side, the overhead in ms and as a
 fraction of the bare step, and hpcdp's data/compute/comm split (its timers).

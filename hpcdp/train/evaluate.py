@@ -24,7 +24,7 @@ class MetricSums:
         self.scalars = [m for m in self.metrics if m.reduce != "gather"]
         self.gathered = [m for m in self.metrics if m.reduce == "gather"]
         # One slot per scalar metric, added to by one in-place add per batch (each tensor
-        # op costs microseconds of dispatch, a share of a small model's step); the count
+        # op has a fixed dispatch cost that shows in a small model's step); the count
         # (the means' denominator) and samples are host numbers.
         self.sums = torch.zeros(len(self.scalars), dtype=torch.float64, device=device)
         self.count: int | float = 0

@@ -125,8 +125,8 @@ _PARAMETERS: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Parameter]
 
 
 def parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The model's parameters, listed once: walking a model's modules for them again on
-    every step costs tens of microseconds, a share of a small model's step."""
+    """The model's parameters, listed once: walking the model's modules for them on
+    every step is Python work that shows in a small model's step."""
     found = _PARAMETERS.get(model)
     if found is None:
         found = _PARAMETERS[model] = list(model.parameters())
