@@ -249,7 +249,11 @@ def agree(local_error: str | None, what: str) -> None:
 
 
 def allreduce_sum(values: Sequence[float], name: str) -> list[float]:
-    """Collective: the sum over ranks of a few numbers (float64, so counts stay exact)."""
+    """Collective: the sum over ranks of a few numbers (float64, so counts stay exact).
+
+    One rank's sum is its own numbers: no round trip through Horovod's thread."""
+    if hvd.size() == 1:
+        return [float(v) for v in values]
     t = torch.tensor(list(values), dtype=torch.float64)
     with waiting(f"allreduce {name}"):
         return hvd.allreduce(t, op=hvd.Sum, name=name).tolist()

@@ -49,6 +49,9 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
             if s.get("vs_ddp") is not None:
                 rows.append((f"{model}: hpcdp/DDP >= 1", f"{s['vs_ddp']:.2f}",
                              s["vs_ddp"] >= 1.0))
+            if s.get("vs_bare_1") is not None:
+                rows.append((f"{model}: 1 rank/bare loop >= 0.98", f"{s['vs_bare_1']:.3f}",
+                             s["vs_bare_1"] >= 0.98))
         return rows
     if name == "allreduce":
         hvd = [r for r in result.get("rows", []) if r.get("vs_mpi") is not None]

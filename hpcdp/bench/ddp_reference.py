@@ -8,6 +8,13 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by the parent (`launch`).
 
 Rank 0 writes JSON: samples/s over all ranks after the warm-up steps, and the
 mean step time.
+
+`--bare` is the other yardstick: the same model and optimizer in a plain loop
+(zero_grad, forward, cross entropy, backward, step) on one batch held in memory,
+already converted to float, in `np` independent processes (no process group).
+What hpcdp's 1-rank step costs beyond it is hpcdp's per-step overhead; `np`
+bare processes at once are the machine's ceiling for `np` ranks. Each process
+writes its own JSON (`<json>.<rank>`); `launch_bare` sums them.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seq-len", type=int, default=64, help="gpt: tokens per window")
     p.add_argument("--json", required=True, help="rank 0 writes its result here")
+    p.add_argument("--bare", action="store_true",
+                   help="no process group: a plain loop on one in-memory batch")
     return p.parse_args(argv)
 
 
@@ -52,6 +61,9 @@ def worker(args: argparse.Namespace) -> None:
     from hpcdp.models import build_model
 
     torch.set_num_threads(1)
+    if args.bare:
+        bare(args)
+        return
     torch_dist.init_process_group("gloo")
     rank, size = torch_dist.get_rank(), torch_dist.get_world_size()
     if args.model == "gpt":
@@ -111,6 +123,52 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(gpt.param_groups(ddp.module, 0.1), lr=3e-3, betas=(0.9, 0.95))
     return reader, ddp, opt, lambda x, y: gpt.lm_loss(ddp(x), y)
+
+
+def bare(args: argparse.Namespace) -> None:
+    """One independent process: the bare loop on one in-memory batch; its own JSON."""
+    import torch
+    import torch.nn.functional as F
+
+    from hpcdp.data.reader import ShardedReader
+    from hpcdp.models import build_model
+
+    rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    reader = ShardedReader(Path(args.data) / "train.h5", batch_size=args.batch, rank=rank,
+                           world_size=size, seed=0, prefetch=0)
+    reader.set_epoch(0)
+    xb, yb = next(iter(reader))
+    x = xb.float() / 255.0 if not torch.is_floating_point(xb) else xb.float()
+    torch.manual_seed(0)
+    model = build_model(args.model, reader.sample_shape, args.classes, args.width,
+                        args.cifar_stem)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    start = 0.0
+    for done in range(args.warmup + args.steps):
+        if done == args.warmup:
+            start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), yb).backward()
+        opt.step()
+    seconds = time.perf_counter() - start
+    result = {"world_size": size, "steps": args.steps, "batch": args.batch, "seconds": seconds,
+              "samples_per_s": args.steps * args.batch / seconds,
+              "step_ms": 1000 * seconds / args.steps}
+    Path(f"{args.json}.{rank}").write_text(json.dumps(result) + "\n")
+
+
+def launch_bare(worker_args: Sequence[str], json_path: Path, np: int,
+                timeout: float) -> tuple[bool, str, dict[str, float]]:
+    """`np` independent bare loops at once; (ok, output, totals: samples/s summed, mean
+    step_ms)."""
+    ok, output = launch([*worker_args, "--bare", "--json", str(json_path)], np, timeout)
+    if not ok:
+        return ok, output, {}
+    parts = [json.loads(Path(f"{json_path}.{r}").read_text()) for r in range(np)]
+    return ok, output, {"world_size": np, "processes": np,
+                        "samples_per_s": sum(p["samples_per_s"] for p in parts),
+                        "step_ms": sum(p["step_ms"] for p in parts) / np}
 
 
 def free_port() -> int:

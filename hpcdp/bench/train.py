@@ -8,7 +8,11 @@ metrics.jsonl. Rounds alternate the order of the runs so that load from
 elsewhere on a shared machine falls on every configuration alike; the median
 over rounds is reported. A plain torch DistributedDataParallel (gloo) run on
 the same model, data and batch (hpcdp.bench.ddp_reference) is the reference
-that hpcdp must not trail.
+that hpcdp must not trail; a bare loop (the same model and optimizer on one
+in-memory batch, in 1 and in n independent processes) is the floor that
+hpcdp's own per-step cost is measured against: the overhead is hpcdp's 1-rank
+step time minus the bare loop's, beside the step's split into data, compute and
+communication.
 
 `--mode ceiling` instead compares the README's plain launch commands (nothing
 exported) with W independent 1-rank runs at once (hpcdp.bench.ceiling).
@@ -34,6 +38,7 @@ LM_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lm_markov.toml"
 TARGET_EFFICIENCY = 0.9
 TARGET_DATA_SHARE = 0.05
 TARGET_VS_DDP = 1.0
+TARGET_VS_BARE = 0.98
 
 
 # --------------------------------------------------------------------------- pure math
@@ -86,8 +91,9 @@ def steady_state(records: Sequence[Mapping[str, Any]], warmup_steps: int) -> dic
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]],
-              ranks: int = 2) -> dict[str, dict[str, Any]]:
-    """Per model: medians over rounds, efficiency, the multi-rank split, the ratio to DDP."""
+              ranks: int = 2, bare: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
+    """Per model: medians over rounds, efficiency, the multi-rank split, the ratio to DDP,
+    and against the bare loop: hpcdp's 1-rank overhead per step and the ratios."""
     out: dict[str, dict[str, Any]] = {}
     for model in dict.fromkeys(r["model"] for r in runs):
         one = [r for r in runs if r["model"] == model and r["np"] == 1]
@@ -108,6 +114,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]
             **split, "shares": share,
             f"ddp_samples_per_s_{ranks}": ddp_rate,
             "vs_ddp": rn / ddp_rate if ddp_rate else None,
+            **versus_bare(one, [b for b in bare if b["model"] == model], rn, ranks),
         }
     return out
 
@@ -118,6 +125,30 @@ def token_rates(s: Mapping[str, Any], seq_len: int, ranks: int = 2) -> dict[str,
     return {"tokens_per_s_1": s["samples_per_s_1"] * seq_len,
             f"tokens_per_s_{ranks}": s[f"samples_per_s_{ranks}"] * seq_len,
             f"ddp_tokens_per_s_{ranks}": ddp * seq_len if ddp else None}
+
+
+def versus_bare(one: Sequence[Mapping[str, Any]], bare: Sequence[Mapping[str, Any]],
+                rate_n: float, ranks: int = 2) -> dict[str, Any]:
+    """hpcdp's 1-rank step against the bare loop's: overhead in ms per step (the median of
+    each round's difference), its split, and the ratios (1 rank to 1 bare process, n
+    ranks to n bare processes at once). Empty without bare runs."""
+    bare1 = [b for b in bare if b["np"] == 1]
+    if not bare1:
+        return {}
+    bare_by_round = {b.get("round"): b["step_ms"] for b in bare1}
+    overhead = [r["step_ms"] - bare_by_round[r.get("round")] for r in one
+                if r.get("round") in bare_by_round]
+    bare_rate = common.median(b["samples_per_s"] for b in bare1)
+    split = {f"{k}_1": common.median(r[k] for r in one)
+             for k in ("step_ms", "data_ms", "compute_ms", "comm_ms")}
+    barn = [b["samples_per_s"] for b in bare if b["np"] == ranks]
+    bare_n = common.median(barn) if barn else None
+    return {"bare_samples_per_s_1": bare_rate,
+            "bare_step_ms_1": common.median(b["step_ms"] for b in bare1),
+            "overhead_ms_1": common.median(overhead) if overhead else None, **split,
+            "vs_bare_1": common.median(r["samples_per_s"] for r in one) / bare_rate,
+            f"bare_samples_per_s_{ranks}": bare_n,
+            f"vs_bare_{ranks}": rate_n / bare_n if bare_n else None}
 
 
 def round_efficiencies(one: Sequence[Mapping[str, Any]], many: Sequence[Mapping[str, Any]],
@@ -140,6 +171,9 @@ def checks(summary: Mapping[str, Mapping[str, Any]], model: str = "resnet18") ->
              s["shares"]["data"] < TARGET_DATA_SHARE}
     if s.get("vs_ddp") is not None:
         found[f"{model} not slower than DDP (gloo)"] = s["vs_ddp"] >= TARGET_VS_DDP
+    if s.get("vs_bare_1") is not None:
+        found[f"{model} 1 rank within {1 - TARGET_VS_BARE:.0%} of the bare loop"] = (
+            s["vs_bare_1"] >= TARGET_VS_BARE)
     return found
 
 
@@ -153,6 +187,24 @@ def table(summary: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> str:
                      None if s["vs_ddp"] is None else f"{s['vs_ddp']:.2f}"])
     headers = ["model", "1 rank/s", f"{ranks} ranks/s", "efficiency", "data", "compute", "comm",
                f"DDP {ranks}/s", "hpcdp/DDP"]
+    return common.format_table(headers, rows)
+
+
+def overhead_table(summary: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> str:
+    """hpcdp against the bare loop and DDP: per-step overhead beside the 1-rank split."""
+    def ratio(v: float | None) -> str | None:
+        return None if v is None else f"{v:.3f}"
+
+    rows = []
+    for model, s in summary.items():
+        if "bare_step_ms_1" not in s:
+            continue
+        rows.append([model, s["step_ms_1"], s["bare_step_ms_1"], s["overhead_ms_1"],
+                     s["data_ms_1"], s["compute_ms_1"], s["comm_ms_1"],
+                     ratio(s["vs_bare_1"]), ratio(s.get(f"vs_bare_{ranks}")),
+                     ratio(s["vs_ddp"])])
+    headers = ["model", "step ms", "bare ms", "overhead ms", "data ms", "compute ms",
+               "comm ms", "hpcdp/bare 1", f"hpcdp/bare {ranks}", f"hpcdp/DDP {ranks}"]
     return common.format_table(headers, rows)
 
 
@@ -232,6 +284,22 @@ def run_ddp(model: str, data: Path, np: int, json_path: Path,
     return {"model": model, "np": np, **common.read_json(json_path)}
 
 
+def run_bare(model: str, data: Path, np: int, json_path: Path,
+             args: argparse.Namespace) -> dict[str, Any]:
+    """`np` independent bare loops at once (hpcdp.bench.ddp_reference --bare)."""
+    from hpcdp.bench import ddp_reference
+
+    wargs = ["--data", str(data), "--model", model, "--batch", str(args.batch),
+             "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if model == "resnet18":
+        wargs += ["--width", str(args.width)] + (["--cifar-stem"] if args.cifar_stem else [])
+    ok, output, figures = ddp_reference.launch_bare(wargs, json_path, np, args.timeout)
+    if not ok:
+        raise common.BenchError(f"bare loop for {model} on {np} process(es) failed:\n"
+                                f"{output[-6000:]}")
+    return {"model": model, "np": np, **figures}
+
+
 def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -> Path:
     """Left: samples/s (1 rank x n as the ideal, n ranks, DDP). Right: the step-time split."""
     import matplotlib
@@ -285,6 +353,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="ResNet-18 with the 3x3 CIFAR stem (about 16x the compute per sample)")
     p.add_argument("--samples", type=int, default=4096, help="synthetic training samples")
     p.add_argument("--no-ddp", action="store_true", help="skip the DDP reference")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare-loop reference")
     p.add_argument("--set", action="append", default=[], metavar="section.key=value",
                    help="extra `hpcdp train` override for every run (e.g. preempt.check_every=10)")
     p.add_argument("--timeout", type=float, default=300.0, help="bound per launch, seconds")
@@ -373,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     runs: list[dict[str, Any]] = []
     ddp: list[dict[str, Any]] = []
+    bare: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-train-") as tmp:
         work = Path(tmp)
         try:
@@ -392,11 +462,18 @@ def main(argv: list[str] | None = None) -> int:
                                                             args)})
                         print(f"round {rnd} {model} DDP 2 ranks: "
                               f"{ddp[-1]['samples_per_s']:.1f} samples/s", flush=True)
+                    bare_np = (1, 2) if not args.no_bare and model != "gpt" else ()
+                    for np in bare_np:  # the bare loop is an image model's (ddp_reference)
+                        bare.append({"round": rnd, **run_bare(
+                            model, data[model], np, work / f"bare-{model}-{np}-{rnd}.json",
+                            args)})
+                        print(f"round {rnd} {model} bare loop, {np} process(es): "
+                              f"{bare[-1]['samples_per_s']:.1f} samples/s", flush=True)
         except (common.BenchError, subprocess.TimeoutExpired, ValueError,
                 FileNotFoundError) as err:
             print(f"hpcdp bench train: {err}", file=sys.stderr)
             return 1
-    summary = summarize(runs, ddp)
+    summary = summarize(runs, ddp, bare=bare)
     if "gpt" in summary:
         summary["gpt"].update(token_rates(summary["gpt"], args.seq_len))
     verdict = checks(summary)
@@ -410,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
                     if g.get("ddp_tokens_per_s_2") else "")
         print(f"  gpt: tokens/s 1 rank {g['tokens_per_s_1']:.0f}, 2 ranks "
               f"{g['tokens_per_s_2']:.0f}{ddp_text} (windows of {args.seq_len} tokens)")
+    if bare:
+        print("\nper-step overhead: hpcdp's 1-rank step minus the bare loop's (same model and "
+              "batch, one in-memory batch); hpcdp/bare n: n ranks against n bare processes")
+        print(overhead_table(summary))
     for model, s in summary.items():
         per_round = s["efficiency_per_round"]
         if len(per_round) > 1:
@@ -421,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "train",
         "params": {k: v for k, v in vars(args).items() if k not in ("out", "name")},
         "targets": {"efficiency": TARGET_EFFICIENCY, "data_share": TARGET_DATA_SHARE,
-                    "vs_ddp": TARGET_VS_DDP},
-        "runs": runs, "ddp": ddp,
+                    "vs_ddp": TARGET_VS_DDP, "vs_bare": TARGET_VS_BARE},
+        "runs": runs, "ddp": ddp, "bare": bare,
         "summary": {**summary, "checks": verdict},
     }
     print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")

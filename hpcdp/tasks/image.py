@@ -31,11 +31,14 @@ def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
 def to_input(x: torch.Tensor, cfg: Config, device: torch.device) -> torch.Tensor:
     """Stored dtype -> float on the device; integer inputs are scaled to [0, 1] first."""
     integer = not torch.is_floating_point(x)
-    x = x.to(device, non_blocking=True).float()
+    # One new tensor, then in-place arithmetic on it (the batch the reader handed over
+    # is never written to).
+    x = x.to(device, torch.float32, non_blocking=True,
+             copy=cfg.image.mean != 0.0 or cfg.image.std != 1.0)
     if integer:
-        x = x / cfg.image.scale
+        x.div_(cfg.image.scale)
     if cfg.image.mean != 0.0 or cfg.image.std != 1.0:
-        x = (x - cfg.image.mean) / cfg.image.std
+        x.sub_(cfg.image.mean).div_(cfg.image.std)
     return x
 
 
@@ -50,9 +53,9 @@ def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def measure(out: torch.Tensor, y: torch.Tensor, mean_loss: torch.Tensor
             ) -> Mapping[str, torch.Tensor]:
-    """Sums over this batch: the loss (mean times samples) and the correct predictions."""
-    return {"loss": mean_loss.detach().double() * len(y),
-            "acc": (out.argmax(1) == y).sum().double()}
+    """Sums over this batch: the loss (mean times samples) and the correct predictions
+    (accumulated in float64 by MetricSums)."""
+    return {"loss": mean_loss.detach() * len(y), "acc": (out.argmax(1) == y).sum()}
 
 
 TASK = Task(

@@ -24,15 +24,23 @@ class MetricSums:
                         if (m.in_training if training else m.in_validation)]
         self.scalars = [m for m in self.metrics if m.reduce != "gather"]
         self.gathered = [m for m in self.metrics if m.reduce == "gather"]
-        # One slot per scalar metric, then the count (the means' denominator), then samples.
-        self.sums = torch.zeros(len(self.scalars) + 2, dtype=torch.float64, device=device)
+        # One slot per scalar metric, added to by one in-place add per batch (each tensor
+        # op has a fixed dispatch cost that shows in a small model's step); the count
+        # (the means' denominator) and samples are host numbers.
+        self.sums = torch.zeros(len(self.scalars), dtype=torch.float64, device=device)
+        self.count: int | float = 0
+        self.samples: int | float = 0
         self.rows: dict[str, list[torch.Tensor]] = {m.name: [] for m in self.gathered}
 
     def add(self, measured: Mapping[str, torch.Tensor], count: int, samples: int = 0) -> None:
-        for i, m in enumerate(self.scalars):
-            self.sums[i] += measured[m.name]
-        self.sums[-2] += count
-        self.sums[-1] += samples or count
+        values = [measured[m.name] for m in self.scalars]
+        if values and all(isinstance(v, torch.Tensor) for v in values):
+            self.sums += torch.stack([v.detach() for v in values]).view(-1)
+        else:  # plain numbers from a task: one add each
+            for i, v in enumerate(values):
+                self.sums[i] += v
+        self.count += count
+        self.samples += samples or count
         for m in self.gathered:
             self.rows[m.name].append(measured[m.name].detach().cpu())
 
@@ -40,7 +48,8 @@ class MetricSums:
         """Collective: every metric over all ranks, plus "samples"; then start afresh."""
         from hpcdp import dist
 
-        totals = dist.allreduce_sum(self.sums.tolist(), name=f"hpcdp.{kind}_metrics")
+        totals = dist.allreduce_sum([*self.sums.tolist(), self.count, self.samples],
+                                    name=f"hpcdp.{kind}_metrics")
         count = max(totals[-2], 1.0)
         values: dict[str, Any] = {}
         for m, total in zip(self.scalars, totals, strict=False):
@@ -52,6 +61,7 @@ class MetricSums:
             values[m.name] = m.finish(torch.cat(every)) if every else float("nan")  # type: ignore[misc]
         values["samples"] = int(totals[-1])
         self.sums.zero_()
+        self.count = self.samples = 0
         self.rows = {m.name: [] for m in self.gathered}
         return values
 

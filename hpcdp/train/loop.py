@@ -164,9 +164,16 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
 
 
 def agree_stop(preempt: Any, hooks: Hooks, step: int) -> str | None:
-    """Collective on the preemption schedule: why every rank stops after `step`, if it does."""
-    if preempt is not None and preempt.agreed_lagged(
-            step, lambda v: dist.start_allreduce_max_int(v, "hpcdp.preempt")):
+    """Collective on the preemption schedule: why every rank stops after `step`, if it does.
+
+    One rank agrees with itself: the same lagged schedule, without an all-reduce."""
+    if dist.size() == 1:
+        def start_max(v: int) -> Any:
+            return lambda: v
+    else:
+        def start_max(v: int) -> Any:
+            return dist.start_allreduce_max_int(v, "hpcdp.preempt")
+    if preempt is not None and preempt.agreed_lagged(step, start_max):
         return "preempted"
     return hooks.stop_reason(step)
 

@@ -215,17 +215,19 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     their gradients as `horovod.sparse_grads` says (all-gather of rows, or dense).
 
     Both wrappers build a new optimizer over the same parameter groups: use only
-    the wrapper from here on.
+    the wrapper from here on. On one rank `base` itself is returned (see `train.step`).
     """
     from hpcdp import dist
 
+    if size == 1:  # nothing to average: no hooks, copies or synchronize() per step
+        return base
     mine = {id(p) for group in base.param_groups for p in group["params"]}
     named = [(n, p) for n, p in model.named_parameters() if id(p) in mine]
     if mine & sparse_tables(model):  # flat buckets take dense gradients only
         return dist.distributed_optimizer(base, named, cfg.horovod,
                                           sparse_as_dense=cfg.horovod.sparse_grads == "dense")
     nbytes = bucket_bytes(cfg, device)
-    if nbytes and size > 1:  # one rank has nothing to average: no copies then
+    if nbytes:
         try:
             return bucketed(base, nbytes, cfg.horovod.backward_passes_per_step,
                             cfg.horovod.gradient_predivide_factor)

@@ -8,7 +8,9 @@ wrappers (hooks during backward, then `synchronize()`).
 from __future__ import annotations
 
 import logging
+import math
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, nullcontext
 from typing import Any
@@ -42,7 +44,7 @@ def forward_backward(run: Run, batch: Any, sums: MetricSums, nan: bool) -> None:
         loss = run.task.loss(out, targets)
         if nan:  # an injected fault (tests)
             loss = faults.poison(loss)
-    scaled = loss / run.accum
+    scaled = loss / run.accum if run.accum > 1 else loss  # no extra node in the graph
     watchdog.phase("backward")
     (run.scaler.scale(scaled) if run.scaler is not None else scaled).backward()
     with torch.no_grad():
@@ -77,11 +79,12 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
     if run.cfg.horovod.op == "adasum" and run.size > 1:
         for opt in run.optimizers:  # step() waits for the combined deltas and applies them
             opt.step()
-        if not finite(p.data for p in run.model.parameters()):
+        if not finite(p.data for p in parameters(run.model)):
             raise nonfinite(step, run.cfg, "weights after an Adasum step", can_skip=False)
         return t_data, t_compute, time.perf_counter() - t2
-    for opt in run.optimizers:
-        opt.synchronize()
+    if run.size > 1:  # one rank's optimizers are unwrapped (setup.distributed)
+        for opt in run.optimizers:
+            opt.synchronize()
     t3 = time.perf_counter()
     watchdog.phase("optimizer")
     update(run, step)
@@ -101,7 +104,7 @@ def update(run: Run, step: int) -> None:
         ok = run.scaler is not None or bool(torch.isfinite(norm))
     else:
         ok = run.scaler is not None or finite(
-            p.grad for p in run.model.parameters() if p.grad is not None)
+            p.grad for p in parameters(run.model) if p.grad is not None)
     if not ok:
         if run.cfg.run.on_nan == "stop":
             raise nonfinite(step, run.cfg, "loss or gradients", can_skip=True)
@@ -110,7 +113,8 @@ def update(run: Run, step: int) -> None:
         return
     with ExitStack() as stack:
         for opt in run.optimizers:
-            stack.enter_context(opt.skip_synchronize())
+            if run.size > 1:
+                stack.enter_context(opt.skip_synchronize())
         for opt in run.optimizers:
             if run.scaler is not None:
                 run.scaler.step(opt)
@@ -132,8 +136,21 @@ def clip(run: Run, max_norm: float) -> torch.Tensor:
     if run.scaler is not None:
         for opt in run.optimizers:
             run.scaler.unscale_(opt)
-    params = [p for p in run.model.parameters() if p.grad is not None]
+    params = [p for p in parameters(run.model) if p.grad is not None]
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+_PARAMETERS: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Parameter]] = (
+    weakref.WeakKeyDictionary())
+
+
+def parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The model's parameters, listed once: walking the model's modules for them on
+    every step is Python work that shows in a small model's step."""
+    found = _PARAMETERS.get(model)
+    if found is None:
+        found = _PARAMETERS[model] = list(model.parameters())
+    return found
 
 
 def finite(tensors: Iterable[torch.Tensor]) -> bool:
@@ -145,7 +162,7 @@ def finite(tensors: Iterable[torch.Tensor]) -> bool:
     far cheaper than isfinite() on every value.
     """
     sums = [t.sum(dtype=torch.float32) for t in tensors]
-    return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
+    return math.isfinite(torch.stack(sums).sum().item()) if sums else True
 
 
 def nonfinite(step: int, cfg: Config, what: str, can_skip: bool) -> Exception:

@@ -49,7 +49,16 @@ def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
         assert set(s["shares"]) == {"data", "compute", "comm", "other"}
         assert all(0.0 <= v <= 1.0 for v in s["shares"].values()), s["shares"]
     assert set(summary["checks"]) == {"resnet18 efficiency >= 90%", "resnet18 data share < 5%",
-                                      "resnet18 not slower than DDP (gloo)"}
+                                      "resnet18 not slower than DDP (gloo)",
+                                      "resnet18 1 rank within 2% of the bare loop"}
+    assert sorted((b["model"], b["np"]) for b in result["bare"]) == [
+        ("digits_cnn", 1), ("digits_cnn", 2), ("resnet18", 1), ("resnet18", 2)]
+    for model in ("digits_cnn", "resnet18"):
+        s = summary[model]
+        for key in ("bare_samples_per_s_1", "bare_step_ms_1", "vs_bare_1", "vs_bare_2"):
+            assert _positive(s[key]), (model, key, s)
+        assert math.isfinite(s["overhead_ms_1"])
+    assert "overhead ms" in printed and "hpcdp/bare 1" in printed
 
 
 def test_bench_train_rejects_bad_options_before_running(tmp_path: Path) -> None:
@@ -77,3 +86,28 @@ def test_bench_train_ceiling_end_to_end(tmp_path: Path, capsys) -> None:
     assert _positive(s["ceiling_samples_per_s"]) and _positive(
         s["launchers"]["mpirun"]["vs_ceiling"])
     assert set(result["summary"]["checks"]) == {"digits_cnn mpirun >= 0.80x ceiling"}
+
+
+def test_step_overhead_in_one_process(tmp_path: Path) -> None:
+    """hpcdp's step and the bare step, alternating in one process: one JSON line of figures."""
+    import subprocess
+    import sys
+
+    from hpcdp.launcher import rank_environment
+
+    data = tmp_path / "digits"
+    prep = subprocess.run([sys.executable, "-m", "hpcdp.data.prep", "digits", "--out", str(data)],
+                          capture_output=True, text=True, timeout=120, env=rank_environment())
+    assert prep.returncode == 0, prep.stdout + prep.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdp.bench.step_overhead", "--config",
+         str(Path(__file__).resolve().parents[2] / "hpcdp" / "configs" / "digits.toml"),
+         f"data.path={data}", "--blocks", "2", "--steps", "3", "--warmup", "1",
+         "log.every_steps=2"], capture_output=True, text=True, timeout=120,
+        env=rank_environment(), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["label"] == "digits_cnn" and result["blocks"] == 2
+    for key in ("hpcdp_step_ms", "bare_step_ms"):
+        assert _positive(result[key]), result
+    assert math.isfinite(result["overhead_ms"]) and _positive(result["last_window"]["compute_ms"])

@@ -7,7 +7,15 @@ import math
 import pytest
 
 from hpcdp.bench import targets
-from hpcdp.bench.train import checks, efficiency, shares, steady_state, summarize, token_rates
+from hpcdp.bench.train import (
+    checks,
+    efficiency,
+    overhead_table,
+    shares,
+    steady_state,
+    summarize,
+    token_rates,
+)
 
 
 def test_efficiency_is_the_weak_scaling_ratio() -> None:
@@ -71,6 +79,29 @@ def test_summary_medians_ratios_and_checks() -> None:
         summarize(runs[:3], ddp)
 
 
+def test_overhead_against_the_bare_loop() -> None:
+    """Overhead is each round's hpcdp 1-rank step minus that round's bare step (median)."""
+    runs = [{"round": r, "model": "m", "np": 1, "samples_per_s": 1000.0 / ms, "step_ms": ms,
+             "data_ms": 0.1, "compute_ms": ms - 1.0, "comm_ms": 0.0}
+            for r, ms in enumerate((10.0, 12.0, 11.0))]
+    runs += [{"round": r, "model": "m", "np": 2, "samples_per_s": 150.0, "step_ms": 13.0,
+              "data_ms": 0.1, "compute_ms": 9.0, "comm_ms": 3.0} for r in range(3)]
+    bare = [{"round": r, "model": "m", "np": 1, "samples_per_s": 1000.0 / ms, "step_ms": ms}
+            for r, ms in enumerate((9.0, 9.5, 10.5))]
+    bare += [{"round": 0, "model": "m", "np": 2, "samples_per_s": 200.0, "step_ms": 10.0}]
+    s = summarize(runs, [], bare=bare)["m"]
+    assert s["overhead_ms_1"] == pytest.approx(1.0)  # differences 1.0, 2.5, 0.5
+    assert s["bare_step_ms_1"] == pytest.approx(9.5)
+    assert s["step_ms_1"] == pytest.approx(11.0) and s["data_ms_1"] == pytest.approx(0.1)
+    assert s["vs_bare_1"] == pytest.approx((1000 / 11) / (1000 / 9.5))
+    assert s["vs_bare_2"] == pytest.approx(150 / 200)
+    assert checks({"m": s}, "m")["m 1 rank within 2% of the bare loop"] is False
+    assert "overhead ms" in overhead_table({"m": s}) and "0.75" in overhead_table({"m": s})
+    rows = targets("train", {"summary": {"m": s}})
+    assert rows[-1][0] == "m: 1 rank/bare loop >= 0.98" and rows[-1][2] is False
+    assert "overhead_ms_1" not in summarize(runs, [])["m"]  # no bare runs: no such figures
+
+
 def test_target_rows_of_the_other_benchmarks() -> None:
     rows = targets("allreduce", {"rows": [
         {"config": "mpi-hpcdp", "column": "hvd", "bytes": 4, "vs_mpi": 0.1},
@@ -93,3 +124,16 @@ def test_token_rates_count_target_tokens_of_each_window() -> None:
     assert token_rates(s, 64) == {"tokens_per_s_1": 6400.0, "tokens_per_s_2": 12160.0,
                                      "ddp_tokens_per_s_2": 11520.0}
     assert token_rates({**s, "ddp_samples_per_s_2": None}, 8)["ddp_tokens_per_s_2"] is None
+
+
+def test_step_overhead_is_the_median_of_paired_differences() -> None:
+    from hpcdp.bench.step_overhead import summarize as overhead
+
+    split = {"data_ms": 0.1, "compute_ms": 5.0, "comm_ms": 0.0, "step_ms": 6.0}
+    s = overhead([(6.0, 5.0), (9.0, 8.5), (5.5, 4.0)], split, "m")
+    assert s["overhead_ms"] == pytest.approx(1.0)  # differences 1.0, 0.5, 1.5
+    assert s["bare_step_ms"] == pytest.approx(5.0) and s["hpcdp_step_ms"] == pytest.approx(6.0)
+    assert s["overhead_share"] == pytest.approx(0.2)
+    assert s["last_window"] == {"data_ms": 0.1, "compute_ms": 5.0, "comm_ms": 0.0}
+    with pytest.raises(ValueError, match="no timed blocks"):
+        overhead([], split, "m")

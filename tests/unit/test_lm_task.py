@@ -60,7 +60,7 @@ def test_perplexity_is_exp_of_the_loss_reduced_over_all_tokens() -> None:
     for mean, tokens in ((1.0, 10), (2.0, 30)):
         targets = torch.zeros(1, tokens, dtype=torch.long)
         sums.add(lm.measure(None, targets, torch.tensor(mean)), lm.count(targets))
-    loss_sum, tokens, _ = sums.sums.tolist()  # what MetricSums.reduce divides after its sum
+    (loss_sum,), tokens = sums.sums.tolist(), sums.count  # what reduce() divides after its sum
     values = {"loss": loss_sum / tokens}
     assert values["loss"] == pytest.approx(1.75)
     ppl = lm.derive(values)["perplexity"]

@@ -35,6 +35,11 @@ def main() -> None:
     want_rows = [10.0 * r + b for r, n in enumerate(per_rank) for b in range(n) for _ in range(3)]
     assert got["rows"] == want_rows, got
     assert MetricSums(metrics, torch.device("cpu"), training=True).gathered == []
+    plain = MetricSums(metrics[:2], torch.device("cpu"))  # a task may measure plain numbers
+    plain.add({"loss": 0.5 * (rank + 1), "hits": 1}, count=1)
+    got = plain.reduce("plain")
+    assert got["samples"] == size and got["hits"] == size, got
+    assert abs(got["loss"] - sum(0.5 * (r + 1) for r in range(size)) / size) < 1e-12, got
     print(f"rank {rank}: metric sums agree", flush=True)
 
 

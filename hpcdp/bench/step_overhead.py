@@ -1,0 +1,170 @@
+"""hpcdp's per-step overhead against a bare loop, measured inside one process.
+
+`python -m hpcdp.bench.step_overhead [train overrides...]` builds a 1-rank run
+the way `hpcdp train` does (hpcdp.train.setup.build) and times, in alternating
+blocks on the same model, (a) hpcdp's step as the training loop runs it:
+`train_step` (the task's prepare, the reader's hand-over, forward, backward,
+the finite check, the update, metric sums) with the hooks, the step timers,
+the preemption agreement and the metrics report every `log.every_steps`; and
+(b) a bare step: zero_grad, forward, cross entropy, backward and an SGD step
+(the config's settings) on one batch held in memory, already converted. Both
+share whatever load the machine has, block by block, so the median of the
+per-block differences is the overhead even where absolute step times move a
+lot between launches (`hpcdp bench train` compares separate launches).
+
+Prints one JSON line: median step ms of each side, the overhead in ms and as a
+fraction of the bare step, and hpcdp's data/compute/comm split (its timers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hpcdp.bench.step_overhead",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="TOML config file, as for `hpcdp train`")
+    p.add_argument("--blocks", type=int, default=10, help="blocks per side, alternating")
+    p.add_argument("--steps", type=int, default=20, help="steps per block")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps of each side first")
+    p.add_argument("--label", default="", help="copied into the JSON line")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = p.parse_intermixed_args(argv)
+    if min(args.blocks, args.steps) < 1 or args.warmup < 0:
+        p.error("--blocks and --steps must be positive, --warmup >= 0")
+    return args
+
+
+class HpcdpSide:
+    """hpcdp's step and what the loop does around it on one rank (no checkpoints)."""
+
+    def __init__(self, run: Any, cfg: Any, run_dir: Path) -> None:
+        from hpcdp.metrics import StepTimes
+        from hpcdp.train.evaluate import MetricSums
+        from hpcdp.train.hooks import Hooks
+
+        self.run, self.cfg = run, cfg
+        self.hooks = Hooks(cfg, 0, run_dir)
+        self.preempt = None
+        if cfg.preempt.enabled and cfg.preempt.signals:
+            from hpcdp.preempt import Preemption
+
+            self.preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
+        self.sums = MetricSums(run.task.metrics, run.device, training=True)
+        self.window = StepTimes()
+        self.step = 0
+
+    def batches(self) -> Any:
+        """Batches without end: each epoch of the reader after the last."""
+        epoch = 0
+        while True:
+            self.run.train_reader.set_epoch(epoch)
+            yield from self.run.train_reader
+            epoch += 1
+
+    def steps(self, n: int, feed: Any) -> None:
+        from hpcdp.metrics import StepTimes
+        from hpcdp.train.loop import agree_stop
+        from hpcdp.train.step import train_step
+
+        run = self.run
+        for _ in range(n):
+            lr = run.schedule.lr(self.step % max(run.total_steps, 1))
+            nan = self.hooks.before_step(self.step)
+            times = train_step(run, feed, lr, self.sums, self.step, nan, self.hooks.on_batch)
+            self.step += 1
+            self.window.add(*times, run.batch * run.accum)
+            if self.step % self.cfg.log.every_steps == 0:
+                self.sums.reduce("train")
+                self.window = StepTimes()
+            agree_stop(self.preempt, self.hooks, self.step)
+
+
+def bare_stepper(run: Any, cfg: Any, batch: Any) -> Any:
+    """The bare step on the run's model and `batch`, converted once and kept."""
+    inputs, targets = run.task.prepare(batch, cfg, run.device)
+    o = cfg.optim
+    opt = torch.optim.SGD(run.model.parameters(), lr=o.lr, momentum=o.momentum,
+                          weight_decay=o.weight_decay)
+
+    def step(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad()
+            F.cross_entropy(run.model(inputs), targets).backward()
+            opt.step()
+
+    return step
+
+
+def timed(fn: Any, n: int) -> float:
+    t0 = time.perf_counter()
+    fn(n)
+    return 1000 * (time.perf_counter() - t0) / n
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from hpcdp import config as cfgmod
+    from hpcdp import dist, tasks
+    from hpcdp.train import setup
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="hpcdp-step-overhead-") as tmp:
+        cfg = cfgmod.build(args.config, [f"run.dir={tmp}", "log.tensorboard=false",
+                                         "log.progress=false", *args.overrides], tasks.defaults)
+        task = tasks.get(cfg.task.name)
+        dist.init(cfg.horovod, cfg.run_dir)
+        run = setup.build(cfg, task, 0, 1, torch.device("cpu"))
+        run.model.train()
+        ours = HpcdpSide(run, cfg, Path(tmp))
+        feed = ours.batches()
+        bare = bare_stepper(run, cfg, next(feed))
+        ours.steps(args.warmup, feed)
+        bare(args.warmup)
+        pairs = []
+        for b in range(args.blocks):  # alternate which side goes first
+            if b % 2 == 0:
+                mine = timed(lambda n: ours.steps(n, feed), args.steps)
+                theirs = timed(bare, args.steps)
+            else:
+                theirs = timed(bare, args.steps)
+                mine = timed(lambda n: ours.steps(n, feed), args.steps)
+            pairs.append((mine, theirs))
+        split = ours.window.summary()
+    return summarize(pairs, split, args.label or cfg.model.name)
+
+
+def summarize(pairs: list[tuple[float, float]], split: dict[str, float],
+              label: str) -> dict[str, Any]:
+    """Medians over blocks; overhead = the median of (hpcdp - bare) per block pair."""
+    if not pairs:
+        raise ValueError("no timed blocks")
+    bare_ms = statistics.median(b for _, b in pairs)
+    overhead = statistics.median(a - b for a, b in pairs)
+    return {"label": label, "blocks": len(pairs),
+            "hpcdp_step_ms": statistics.median(a for a, _ in pairs), "bare_step_ms": bare_ms,
+            "overhead_ms": overhead, "overhead_share": overhead / bare_ms,
+            "last_window": {k: split[k] for k in ("data_ms", "compute_ms", "comm_ms")}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(json.dumps(measure(args)), flush=True)
+    sys.stdout.flush()
+    import os
+
+    os._exit(0)  # parallel HDF5 and Horovod teardown at exit: see dist.shutdown_and_exit
+
+
+if __name__ == "__main__":
+    sys.exit(main())
