@@ -272,7 +272,10 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
     """Every part of the run on this rank; raises on bad data or options (no collectives)."""
     check_runtime(cfg, device, size)
     train_reader, val_reader, batch = readers(cfg, task, rank, size, device)
-    net = model(cfg, task, tuple(val_reader.sample_shape), device)
+    # The training reader's sample shape; a multi-field reader has none, its evaluation
+    # reader (one row of every field) does.
+    shape = getattr(train_reader, "sample_shape", None) or val_reader.sample_shape
+    net = model(cfg, task, tuple(shape), device)
     seed_everything(cfg.run.seed + rank)  # per-rank streams for anything random later
     optimizers = [distributed(cfg, opt, net, device, size) for opt in task.optimizers(cfg, net)]
     scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None
