@@ -44,3 +44,20 @@ def ranks(tmp_path: Path) -> RanksFn:
         return run
 
     return _run
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """Each test starts from the environment the session started with.
+
+    Code under test may write hpcdp's runtime settings into os.environ (prep and
+    dist.init apply them in-process, as they must before MPI starts); left there,
+    they would read as exported values to every later test's ranks.
+    """
+    import os
+
+    saved = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    os.environ.update(saved)
