@@ -75,7 +75,10 @@ def test_array_task_requeues_alone_with_export_and_the_sites_mpi(
     2 ranks per task) and srun was given no --mpi (the cluster's MpiDefault=pmix).
     """
     runs = tmp_path / "runs"
-    export = f"--export=HPCDP_VENV={VENV},PYTHONPATH={REPO},OMP_NUM_THREADS=1"
+    # Every rank pauses 20 s at step 6: on a quiet machine the 30 steps take about a
+    # second, and the signal must reach a running task.
+    export = (f"--export=HPCDP_VENV={VENV},PYTHONPATH={REPO},OMP_NUM_THREADS=1,"
+              "HPCDP_FAULT=stall:step=6:seconds=20")
     array = slurm_cluster.sbatch(
         "--array=0-1", "--ntasks=2", export, f"--output={tmp_path}/arr-%A_%a.out",
         str(TRAIN_SBATCH), *train_args(runs / "r_${SLURM_ARRAY_TASK_ID}", data, 30),

@@ -34,6 +34,10 @@ Cluster = Any  # tests/slurm/conftest.py's Cluster, reached through the fixture
 Job = Any
 # Long enough that a signal sent after step 10 lands well before the end.
 STEPS = 40
+# Every rank pauses 6 s at step 11 (HPCDP_FAULT): a quiet machine trains the 40 steps
+# in about a second, and a signal sent once step 10 is logged must reach running ranks;
+# what is left of the pause must stay well inside the cluster's KillWait (10 s).
+PAUSE_AT_11 = {"HPCDP_FAULT": "stall:step=11:seconds=6"}
 
 
 def train_args(run_dir: Path, data: Path, steps: int = STEPS, *extra: str) -> list[str]:
@@ -204,7 +208,8 @@ def test_cancelled_job_checkpoints_and_stays_cancelled(slurm_cluster: Cluster, d
     """
     run = tmp_path / "run"
     job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, data),
-                               cwd=tmp_path)
+                               cwd=tmp_path,
+                               env=PAUSE_AT_11)
     job.wait_for("training progress (step >= 10 in metrics.jsonl)",
                  lambda: any(s >= 10 for s in metrics_steps(run)), timeout=180)
     cancelled = slurm_cluster.run("scancel", job.id)
