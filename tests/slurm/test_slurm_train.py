@@ -146,7 +146,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise(
     """`scancel --signal=USR1` reaches the ranks as `--signal=USR1@lead` would (not B:)."""
     run = tmp_path / "run"
     job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, data),
-                               cwd=tmp_path)
+                               cwd=tmp_path, env=PAUSE_AT_11)
     job.wait_for("training progress (step >= 10 in metrics.jsonl)",
                  lambda: any(s >= 10 for s in metrics_steps(run)), timeout=180)
     signalled = slurm_cluster.run("scancel", "--signal=USR1", job.id)
