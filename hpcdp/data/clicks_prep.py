@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,31 +140,20 @@ def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any,
     import h5py
 
     final = os.path.join(out, f"{split}.h5")
-    token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
-    tmp = os.path.join(out, f".{split}.h5.tmp-{token}")
     chunk = prep.chunk_rows(ROW_BYTES, n, chunk_bytes)
     slab = prep.slab_rows(chunk, ROW_BYTES)
     lo, hi = prep.rank_rows(n, chunk, comm.rank, comm.size)
     rounds = prep.write_rounds(n, chunk, slab, comm.size)
     tally = _Tally(keep=split == "val")
     kwargs: dict[str, Any] = {"driver": "mpio", "comm": comm} if comm.size > 1 else {}
-    try:
-        with h5py.File(tmp, "w", **kwargs) as f:
-            dsets = _create(f, world, split, n, chunk)
-            for i in range(rounds):
-                a, b = min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)
-                rows = world.rows(split, a, b)
-                tally.add(rows)
-                _write_rows(dsets, a, rows, comm, collective)
-            _final_attrs(f, tally, n, comm)
-    except BaseException:
-        if comm.size == 1 and os.path.exists(tmp):
-            os.remove(tmp)  # with several ranks the job is aborted; a stale .tmp may remain
-        raise
-    comm.Barrier()
-    if comm.rank == 0:
-        os.replace(tmp, final)
-    comm.Barrier()
+    with prep.replacing(final, comm) as tmp, h5py.File(tmp, "w", **kwargs) as f:
+        dsets = _create(f, world, split, n, chunk)
+        for i in range(rounds):
+            a, b = min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)
+            rows = world.rows(split, a, b)
+            tally.add(rows)
+            _write_rows(dsets, a, rows, comm, collective)
+        _final_attrs(f, tally, n, comm)
     return final
 
 

@@ -29,7 +29,8 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,10 +250,8 @@ def _write_parallel(path: str, source: src.Source, opts: WriteOptions, chunk: in
 def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any) -> str:
     """Write one split to ``out_dir/NAME.h5`` via a temporary name; return the final path."""
     final = os.path.join(out_dir, f"{source.name}.h5")
-    token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
-    tmp = os.path.join(out_dir, f".{source.name}.h5.tmp-{token}")
     chunk = chunk_rows(source.sample_bytes, source.num_samples, opts.chunk_bytes)
-    try:
+    with replacing(final, comm) as tmp:
         if comm.size == 1:
             _write_serial(tmp, source, opts, chunk)
         elif opts.compression != "none":
@@ -260,15 +259,28 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any)
                 _write_serial(tmp, source, opts, chunk)
         else:
             _write_parallel(tmp, source, opts, chunk, comm)
+    return final
+
+
+@contextmanager
+def replacing(final: str, comm: Any) -> Iterator[str]:
+    """Collective: a temporary name beside `final` that every rank writes to; once all
+    are done, rank 0 renames it over `final`, so a failed write never replaces a good
+    file. On a failure one rank removes it; with several the job is aborted and a stale
+    temporary may remain."""
+    folder, name = os.path.split(final)
+    token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
+    tmp = os.path.join(folder, f".{name}.tmp-{token}")
+    try:
+        yield tmp
     except BaseException:
         if comm.size == 1 and os.path.exists(tmp):
-            os.remove(tmp)  # with several ranks the job is aborted; a stale .tmp may remain
+            os.remove(tmp)
         raise
     comm.Barrier()
     if comm.rank == 0:
         os.replace(tmp, final)
     comm.Barrier()
-    return final
 
 
 # -- command line ---------------------------------------------------------------------

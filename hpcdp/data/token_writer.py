@@ -20,7 +20,6 @@ import contextlib
 import faulthandler
 import os
 import sys
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,25 +131,16 @@ def write_split(out_dir: str, name: str, docs: Sequence[np.ndarray], meta: tk.To
     top = _allreduce(comm, max((int(d.max()) for d in docs if len(d)), default=0), "max")
     if total_doc == 0:
         raise TokenPrepError(f"{final}: the {name} split has no documents")
-    token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
-    tmp = os.path.join(out_dir, f".{name}.h5.tmp-{token}")
-    try:
-        with _open(tmp, comm) as f:
-            tokens, offsets = tk.create_datasets(f, meta, total_tok, total_doc, top)
-            _write_tokens(tokens, docs, tok_start, meta.dtype)
-            local = tk.offsets_from_lengths(lengths, tok_start)
-            if comm.rank == comm.size - 1:
-                offsets[doc_start : doc_start + n_doc + 1] = local
-            elif n_doc:
-                offsets[doc_start : doc_start + n_doc] = local[:-1]
-    except BaseException:
-        if comm.size == 1 and os.path.exists(tmp):
-            os.remove(tmp)  # with several ranks the job is aborted; a stale .tmp may remain
-        raise
-    comm.Barrier()
-    if comm.rank == 0:
-        os.replace(tmp, final)
-    comm.Barrier()
+    from hpcdp.data.prep import replacing
+
+    with replacing(final, comm) as tmp, _open(tmp, comm) as f:
+        tokens, offsets = tk.create_datasets(f, meta, total_tok, total_doc, top)
+        _write_tokens(tokens, docs, tok_start, meta.dtype)
+        local = tk.offsets_from_lengths(lengths, tok_start)
+        if comm.rank == comm.size - 1:
+            offsets[doc_start : doc_start + n_doc + 1] = local
+        elif n_doc:
+            offsets[doc_start : doc_start + n_doc] = local[:-1]
     return final
 
 
