@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,9 +43,10 @@ import h5py
 import numpy as np
 import torch
 
+from hpcdp.data import epochs as ep
 from hpcdp.data import partition as pt
 from hpcdp.data.assemble import Assembler, Plan, Recycler, RowMap
-from hpcdp.data.prefetch import Inline, Prefetcher
+from hpcdp.data.epochs import EpochReader
 
 #: Target bytes of one HDF5 read when the dataset is not chunked (the block size).
 CONTIGUOUS_BLOCK_BYTES = 1 << 20
@@ -55,10 +55,7 @@ WINDOW_BYTES = 4 << 20
 #: Environment switch for the mapped-file path ("0", "false", "no" or "off" turn it off).
 MMAP_ENV = "HPCDP_READER_MMAP"
 
-STATE_KEYS = (
-    "seed", "epoch", "num_samples", "block", "virtual_shards", "stream_length", "window",
-    "position",
-)
+STATE_KEYS = ep.STATE_KEYS
 
 
 class ReaderError(ValueError):
@@ -228,7 +225,7 @@ def _utf8(text: str) -> bool:
     return True
 
 
-class ShardedReader:
+class ShardedReader(EpochReader):
     """This rank's share of a samples-first HDF5 file, as shuffled, equal, resumable batches.
 
     `batch_size` is per rank. The global order of an epoch depends on the seed,
@@ -237,6 +234,9 @@ class ShardedReader:
     resume exactly mid-epoch, also into another world size that divides the
     stored virtual shards.
     """
+
+    error = ReaderError
+    transient = ("_file", "_dsets", "_pid", "_active", "_recyclers", "_rows", "_rows_pid")
 
     def __init__(
         self,
@@ -272,48 +272,28 @@ class ShardedReader:
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.transform = transform
-        self.seed = seed
         self.mmap = mmap_enabled() if mmap is None else mmap
-        self.window = window_samples or default_window(self.info.block, self.info.sample_bytes)
-        if self.window < 1:
-            raise ReaderError(f"{path}: window_samples must be at least 1, got {self.window}")
-        self.virtual_shards = self._check_layout(
-            virtual_shards or pt.default_virtual_shards(self.global_batch, world_size)
-        )
-        self.epoch = 0
-        self._position = 0
-        self._stream_len = self._fresh_stream_len()
-        self._resumed_epoch: int | None = None
+        self._start_epochs(
+            seed, window_samples or default_window(self.info.block, self.info.sample_bytes),
+            virtual_shards)
         self._file: h5py.File | None = None
         self._dsets: tuple[h5py.Dataset, h5py.Dataset | None] | None = None
         self._pid: int | None = None
-        self._active: Prefetcher | Inline | None = None
         self._recyclers: tuple[Recycler, Recycler] | None = None
         self._rows: RowMap | None = None
         self._rows_pid: int | None = None
 
-    # -- layout -------------------------------------------------------------------------
-
-    def _check_layout(self, virtual_shards: int) -> int:
-        try:
-            pt.check_virtual_shards(virtual_shards, self.global_batch, self.world_size)
-        except pt.PartitionError as exc:
-            raise ReaderError(
-                f"{self.path}: {exc} (batch {self.batch_size} per rank x {self.world_size} ranks)"
-            ) from exc
-        return virtual_shards
-
-    def _fresh_stream_len(self) -> int:
-        return pt.stream_length(self.info.num_samples, self.global_batch, self.virtual_shards)
-
-    @property
-    def per_stream(self) -> int:
-        """Samples each stream contributes to one global batch."""
-        return self.global_batch // self.virtual_shards
-
     @property
     def num_samples(self) -> int:
         return self.info.num_samples
+
+    @property
+    def block(self) -> int:
+        return self.info.block
+
+    @property
+    def sample_bytes(self) -> int:
+        return self.info.sample_bytes
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -322,95 +302,6 @@ class ShardedReader:
     @property
     def dtype(self) -> np.dtype:
         return self.info.dtype
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps in a full epoch (the same on every rank)."""
-        return pt.steps_per_epoch(self.info.num_samples, self.global_batch)
-
-    @property
-    def window_bytes(self) -> int:
-        """Bytes of one window of this rank's streams; the reader holds about two."""
-        streams = self.virtual_shards // self.world_size
-        return streams * self.window * self.info.sample_bytes
-
-    def __len__(self) -> int:
-        """Steps remaining in the current epoch (the same on every rank)."""
-        return pt.steps_remaining(self._stream_len, self._position, self.per_stream)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch `epoch` at its beginning, unless a loaded state resumes inside it."""
-        if epoch < 0:
-            raise ReaderError(f"{self.path}: epoch must be non-negative, got {epoch}")
-        self._stop_active()
-        if self._resumed_epoch is not None and epoch == self._resumed_epoch:
-            self._resumed_epoch = None
-            return
-        self._resumed_epoch = None
-        self.epoch = epoch
-        self._position = 0
-        self._stream_len = self._fresh_stream_len()
-
-    # -- state --------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, int]:
-        """Where this epoch stands; independent of the global batch and world size."""
-        return {
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "num_samples": self.info.num_samples,
-            "block": self.info.block,
-            "virtual_shards": self.virtual_shards,
-            "stream_length": self._stream_len,
-            "window": self.window,
-            "position": self._position,
-            "order": pt.ORDER_VERSION,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume where `state` left off; check it fits this file and this world size."""
-        missing = [k for k in STATE_KEYS if k not in state]
-        if missing:
-            raise ReaderError(f"{self.path}: reader state lacks {', '.join(missing)}")
-        st = {k: int(state[k]) for k in STATE_KEYS}
-        if st["num_samples"] != self.info.num_samples or st["block"] != self.info.block:
-            raise ReaderError(
-                f"{self.path}: the reader state is for {st['num_samples']} samples in blocks of "
-                f"{st['block']}, but the file has {self.info.num_samples} in blocks of "
-                f"{self.info.block}"
-            )
-        v = st["virtual_shards"]
-        if v < 1 or v % self.world_size or self.global_batch % v:
-            raise ReaderError(
-                f"{self.path}: cannot resume {v} virtual shards on {self.world_size} ranks with "
-                f"batch {self.batch_size} per rank: the world size must divide {v} and the "
-                f"global batch ({self.global_batch}) must be a multiple of {v}"
-            )
-        if st["window"] < 1 or st["seed"] < 0 or st["epoch"] < 0:
-            raise ReaderError(f"{self.path}: reader state has an invalid window, seed or epoch")
-        if not (st["stream_length"] > 0 and st["stream_length"] * v <= self.info.num_samples):
-            raise ReaderError(
-                f"{self.path}: reader state stream length {st['stream_length']} x {v} streams "
-                f"does not fit {self.info.num_samples} samples"
-            )
-        order = int(state.get("order", 1))  # states written before the key existed: 1
-        if order != pt.ORDER_VERSION and 0 < st["position"] < st["stream_length"]:
-            raise ReaderError(
-                f"{self.path}: the reader state is from mid-epoch under sample order version "
-                f"{order}, but this hpcdp orders samples by version {pt.ORDER_VERSION}: resuming "
-                "would repeat some samples and skip others; resume from a checkpoint taken at "
-                "the end of an epoch, or with the hpcdp version that wrote this one"
-            )
-        if not 0 <= st["position"] <= st["stream_length"]:
-            raise ReaderError(
-                f"{self.path}: reader state position {st['position']} is outside its stream "
-                f"of {st['stream_length']}"
-            )
-        self._stop_active()
-        self.seed, self.epoch, self.window = st["seed"], st["epoch"], st["window"]
-        self.virtual_shards = v
-        self._stream_len, self._position = st["stream_length"], st["position"]
-        self._resumed_epoch = self.epoch
 
     # -- I/O ----------------------------------------------------------------------------
 
@@ -473,14 +364,8 @@ class ShardedReader:
             yield tx, ty
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-        self._stop_active()
         plan = self._plan()
-        items = self._batches(plan)
-        source: Prefetcher | Inline = (
-            Prefetcher(items, self.prefetch) if self._threaded() else Inline(items)
-        )
-        self._active = source
-        return self._consume(source, plan)
+        return self._serve(self._batches(plan), plan.steps, self._threaded())
 
     def _threaded(self) -> bool:
         """Whether to build batches in a prefetch thread, `prefetch` batches ahead.
@@ -498,27 +383,6 @@ class ShardedReader:
             return True
         return not self.mapped
 
-    def _consume(
-        self, source: Prefetcher | Inline, plan: Plan
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-        try:
-            for _ in range(plan.steps):
-                batch = source.get()
-                if self._active is not source:
-                    raise ReaderError(f"{self.path}: the reader was reset while iterating")
-                # Count what the consumer received, not what the thread read ahead.
-                self._position += plan.per_stream
-                yield batch
-        finally:
-            source.stop()
-            if self._active is source:
-                self._active = None
-
-    def _stop_active(self) -> None:
-        if self._active is not None:
-            self._active.stop()
-            self._active = None
-
     def close(self) -> None:
         """Stop the prefetch thread and close the file (reopened if used again)."""
         self._stop_active()
@@ -533,22 +397,3 @@ class ShardedReader:
         self._rows = None
         self._rows_pid = None
         self._recyclers = None
-
-    def __del__(self) -> None:
-        if sys.is_finalizing():
-            return  # HDF5 (and with parallel HDF5, MPI) may already be torn down
-        with contextlib.suppress(Exception):
-            self.close()
-
-    def __enter__(self) -> ShardedReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle without the open file or thread (for spawned worker processes)."""
-        state = dict(self.__dict__)
-        state.update(_file=None, _dsets=None, _pid=None, _active=None, _recyclers=None, _rows=None,
-                     _rows_pid=None)
-        return state

@@ -23,24 +23,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
+from hpcdp.data import epochs as ep
 from hpcdp.data import partition as pt
 from hpcdp.data import tokens as tk
-from hpcdp.data.prefetch import Inline, Prefetcher
 
 #: Default shuffle window per stream, in bytes of file tokens (rounded to whole blocks).
 WINDOW_BYTES = 4 << 20
 
-STATE_KEYS = (
-    "seed", "epoch", "num_samples", "block", "virtual_shards", "stream_length", "window",
-    "position", "seq_len",
-)
+STATE_KEYS = (*ep.STATE_KEYS, "seq_len")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -108,7 +104,7 @@ class _Stream:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-class TokenReader:
+class TokenReader(ep.EpochReader):
     """This rank's share of a token file, as shuffled, equal, resumable batches of windows.
 
     `batch_size` is per rank; `seq_len` is S (each window has S + 1 tokens).
@@ -116,6 +112,13 @@ class TokenReader:
     resume exactly mid-epoch, also into another world size. The public shape
     matches `hpcdp.data.reader.ShardedReader`, so a trainer can use either.
     """
+
+    error = TokenReaderError
+    unit = "window"
+    state_keys = STATE_KEYS
+    #: Token states have recorded their order since the first token reader.
+    unversioned_order = pt.ORDER_VERSION
+    transient = ("_file", "_pid", "_active")
 
     def __init__(
         self,
@@ -148,39 +151,12 @@ class TokenReader:
             raise TokenReaderError(str(exc)) from exc
         self.num_samples = self.info.windows(seq_len)
         self.block = tk.window_block(self.info.chunk, seq_len)
-        self.prefetch, self.seed = prefetch, seed
-        self.window = window_samples or default_window(self.block, seq_len,
-                                                       self.info.dtype.itemsize)
-        if self.window < 1:
-            raise TokenReaderError(f"{path}: window_samples must be at least 1")
-        self.virtual_shards = self._check_layout(
-            virtual_shards or pt.default_virtual_shards(self.global_batch, world_size))
-        self.epoch = 0
-        self._position = 0
-        self._stream_len = self._fresh_stream_len()
-        self._resumed_epoch: int | None = None
+        self.prefetch = prefetch
+        self._start_epochs(
+            seed, window_samples or default_window(self.block, seq_len, self.info.dtype.itemsize),
+            virtual_shards)
         self._file: Any = None
         self._pid: int | None = None
-        self._active: Prefetcher | Inline | None = None
-
-    # -- layout -------------------------------------------------------------------------
-
-    def _check_layout(self, virtual_shards: int) -> int:
-        try:
-            pt.check_virtual_shards(virtual_shards, self.global_batch, self.world_size)
-        except pt.PartitionError as exc:
-            raise TokenReaderError(
-                f"{self.path}: {exc} (batch {self.batch_size} per rank x {self.world_size} "
-                "ranks)") from exc
-        return virtual_shards
-
-    def _fresh_stream_len(self) -> int:
-        return pt.stream_length(self.num_samples, self.global_batch, self.virtual_shards)
-
-    @property
-    def per_stream(self) -> int:
-        """Windows each stream contributes to one global batch."""
-        return self.global_batch // self.virtual_shards
 
     @property
     def vocab_size(self) -> int:
@@ -196,93 +172,25 @@ class TokenReader:
         return (self.seq_len,)
 
     @property
-    def steps_per_epoch(self) -> int:
-        """Steps in a full epoch (the same on every rank)."""
-        return pt.steps_per_epoch(self.num_samples, self.global_batch)
+    def sample_bytes(self) -> int:
+        """File bytes of one window: ``S + 1`` tokens."""
+        return (self.seq_len + 1) * self.info.dtype.itemsize
 
     @property
     def tokens_per_step(self) -> int:
         """Target tokens in one global batch (what tokens/s counts)."""
         return self.global_batch * self.seq_len
 
-    @property
-    def window_bytes(self) -> int:
-        """Bytes of one shuffle window of this rank's streams; the reader holds about one."""
-        streams = self.virtual_shards // self.world_size
-        return streams * self.window * (self.seq_len + 1) * self.info.dtype.itemsize
-
-    def __len__(self) -> int:
-        """Steps remaining in the current epoch (the same on every rank)."""
-        return pt.steps_remaining(self._stream_len, self._position, self.per_stream)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch `epoch` at its beginning, unless a loaded state resumes inside it."""
-        if epoch < 0:
-            raise TokenReaderError(f"{self.path}: epoch must be non-negative, got {epoch}")
-        self._stop_active()
-        if self._resumed_epoch is not None and epoch == self._resumed_epoch:
-            self._resumed_epoch = None
-            return
-        self._resumed_epoch = None
-        self.epoch, self._position = epoch, 0
-        self._stream_len = self._fresh_stream_len()
-
-    # -- state --------------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, int]:
-        """Where this epoch stands; independent of the global batch and world size."""
-        return {
-            "seed": self.seed, "epoch": self.epoch, "num_samples": self.num_samples,
-            "block": self.block, "virtual_shards": self.virtual_shards,
-            "stream_length": self._stream_len, "window": self.window,
-            "position": self._position, "order": pt.ORDER_VERSION, "seq_len": self.seq_len,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume where `state` left off; check it fits this file, S and world size."""
-        missing = [k for k in STATE_KEYS if k not in state]
-        if missing:
-            raise TokenReaderError(f"{self.path}: reader state lacks {', '.join(missing)}")
-        st = {k: int(state[k]) for k in STATE_KEYS}
-        self._check_state(st, int(state.get("order", pt.ORDER_VERSION)))
-        self._stop_active()
-        self.seed, self.epoch, self.window = st["seed"], st["epoch"], st["window"]
-        self.virtual_shards = st["virtual_shards"]
-        self._stream_len, self._position = st["stream_length"], st["position"]
-        self._resumed_epoch = self.epoch
+        """Where this epoch stands, and the sequence length that defines its windows."""
+        return {**super().state_dict(), "seq_len": self.seq_len}
 
     def _check_state(self, st: dict[str, int], order: int) -> None:
         if st["seq_len"] != self.seq_len:
             raise TokenReaderError(
                 f"{self.path}: the reader state is for sequence length {st['seq_len']}, this "
                 f"reader has {self.seq_len}: its windows are other windows")
-        if st["num_samples"] != self.num_samples or st["block"] != self.block:
-            raise TokenReaderError(
-                f"{self.path}: the reader state is for {st['num_samples']} windows in blocks "
-                f"of {st['block']}, but the file has {self.num_samples} in blocks of "
-                f"{self.block}")
-        v = st["virtual_shards"]
-        if v < 1 or v % self.world_size or self.global_batch % v:
-            raise TokenReaderError(
-                f"{self.path}: cannot resume {v} virtual shards on {self.world_size} ranks with "
-                f"batch {self.batch_size} per rank: the world size must divide {v} and the "
-                f"global batch ({self.global_batch}) must be a multiple of {v}")
-        if st["window"] < 1 or st["seed"] < 0 or st["epoch"] < 0:
-            raise TokenReaderError(f"{self.path}: reader state has an invalid window, seed or "
-                                   "epoch")
-        if not (st["stream_length"] > 0 and st["stream_length"] * v <= self.num_samples):
-            raise TokenReaderError(
-                f"{self.path}: reader state stream length {st['stream_length']} x {v} streams "
-                f"does not fit {self.num_samples} windows")
-        if not 0 <= st["position"] <= st["stream_length"]:
-            raise TokenReaderError(
-                f"{self.path}: reader state position {st['position']} is outside its stream "
-                f"of {st['stream_length']}")
-        if order != pt.ORDER_VERSION and 0 < st["position"] < st["stream_length"]:
-            raise TokenReaderError(
-                f"{self.path}: the reader state is from mid-epoch under window order version "
-                f"{order}, this hpcdp orders by version {pt.ORDER_VERSION}: resuming would "
-                "repeat some windows and skip others")
+        super()._check_state(st, order)
 
     # -- I/O ----------------------------------------------------------------------------
 
@@ -319,28 +227,9 @@ class TokenReader:
                    torch.from_numpy(rows[:, 1:].astype(np.int64)))
 
     def __iter__(self) -> Iterator[Batch]:
-        self._stop_active()
         steps = len(self)
         items = self._batches(self._position, steps) if steps else iter(())
-        source: Prefetcher | Inline = (
-            Prefetcher(items, self.prefetch, name="hpcdp-tokens") if self.prefetch
-            else Inline(items))
-        self._active = source
-        return self._consume(source, steps)
-
-    def _consume(self, source: Prefetcher | Inline, steps: int) -> Iterator[Batch]:
-        try:
-            for _ in range(steps):
-                batch = source.get()
-                if self._active is not source:
-                    raise TokenReaderError(f"{self.path}: the reader was reset while iterating")
-                # Count what the consumer received, not what the thread read ahead.
-                self._position += self.per_stream
-                yield batch
-        finally:
-            source.stop()
-            if self._active is source:
-                self._active = None
+        return self._serve(items, steps, bool(self.prefetch), thread_name="hpcdp-tokens")
 
     def eval_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
         """This rank's share of every window (`eval_share`), in file order, unshuffled.
@@ -361,11 +250,6 @@ class TokenReader:
             yield (torch.from_numpy(rows[:, :-1].astype(np.int64)),
                    torch.from_numpy(rows[:, 1:].astype(np.int64)))
 
-    def _stop_active(self) -> None:
-        if self._active is not None:
-            self._active.stop()
-            self._active = None
-
     def close(self) -> None:
         """Stop the prefetch thread and close the file (reopened if used again)."""
         self._stop_active()
@@ -373,24 +257,6 @@ class TokenReader:
             with contextlib.suppress(Exception):
                 self._file.close()
         self._file, self._pid = None, None
-
-    def __del__(self) -> None:
-        if sys.is_finalizing():
-            return  # HDF5 (and with parallel HDF5, MPI) may already be torn down
-        with contextlib.suppress(Exception):
-            self.close()
-
-    def __enter__(self) -> TokenReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle without the open file or thread (for spawned worker processes)."""
-        state = dict(self.__dict__)
-        state.update(_file=None, _pid=None, _active=None)
-        return state
 
 
 def reference_order(reader: TokenReader, position: int = 0) -> np.ndarray:

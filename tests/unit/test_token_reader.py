@@ -141,6 +141,21 @@ def test_state_for_another_sequence_length_is_refused(tmp_path: Path) -> None:
         TokenReader(path, seq_len=10, batch_size=4).load_state_dict(state)
 
 
+def test_state_checks_are_the_sample_readers_in_windows(tmp_path: Path) -> None:
+    """The resume checks shared with ShardedReader (hpcdp.data.epochs) speak of windows."""
+    path = make_file(tmp_path / "t.h5", 3000)
+    other = make_file(tmp_path / "u.h5", 2000)
+    state = TokenReader(path, seq_len=10, batch_size=4).state_dict()
+    with pytest.raises(TokenReaderError, match=f"^{other}: the reader state is for 299 windows"):
+        TokenReader(other, seq_len=10, batch_size=4).load_state_dict(state)
+    old = {**state, "order": 1, "position": 1}
+    with pytest.raises(TokenReaderError, match="under window order version 1, but this hpcdp "
+                       "orders windows by version"):
+        TokenReader(path, seq_len=10, batch_size=4).load_state_dict(old)
+    with pytest.raises(TokenReaderError, match="at least 1, got -3"):
+        TokenReader(path, seq_len=10, batch_size=4, window_samples=-3)
+
+
 def test_memory_is_a_window_per_stream_not_the_file(tmp_path: Path, monkeypatch) -> None:
     path = make_file(tmp_path / "t.h5", 1_000_000, chunk=4096)
     r = TokenReader(path, seq_len=64, batch_size=4, virtual_shards=4, window_samples=128)
