@@ -50,6 +50,31 @@ def validate_fields(path: str, fields: Sequence[str], min_samples: int = 1) -> l
     return infos
 
 
+class _Lead:
+    """An attribute of the first field's reader: the readers share layout and state, so
+    the first one's stands for all."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, reader: Any, owner: type | None = None) -> Any:
+        return self if reader is None else getattr(reader.lead, self.name)
+
+
+class _Each(_Lead):
+    """A method called on every field's reader in turn, so that they move together."""
+
+    def __get__(self, reader: Any, owner: type | None = None) -> Any:
+        if reader is None:
+            return self
+
+        def each(*args: Any) -> None:
+            for r in reader.readers:
+                getattr(r, self.name)(*args)
+
+        return each
+
+
 class FieldReader:
     """This rank's share of several row-aligned datasets, as tuples of batches, one per field.
 
@@ -100,29 +125,16 @@ class FieldReader:
         """The first field's reader: its layout and state stand for all."""
         return self.readers[0]
 
-    @property
-    def num_samples(self) -> int:
-        return self.lead.num_samples
-
-    @property
-    def batch_size(self) -> int:
-        return self.lead.batch_size
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.lead.steps_per_epoch
-
-    @property
-    def window(self) -> int:
-        return self.lead.window
-
-    @property
-    def virtual_shards(self) -> int:
-        return self.lead.virtual_shards
-
-    @property
-    def epoch(self) -> int:
-        return self.lead.epoch
+    num_samples = _Lead()
+    batch_size = _Lead()
+    steps_per_epoch = _Lead()
+    window = _Lead()
+    virtual_shards = _Lead()
+    epoch = _Lead()
+    state_dict = _Lead()
+    set_epoch = _Each()
+    load_state_dict = _Each()
+    close = _Each()
 
     @property
     def mapped(self) -> bool:
@@ -130,17 +142,6 @@ class FieldReader:
 
     def __len__(self) -> int:
         return len(self.lead)
-
-    def set_epoch(self, epoch: int) -> None:
-        for r in self.readers:
-            r.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, int]:
-        return self.lead.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for r in self.readers:
-            r.load_state_dict(state)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         iters = [iter(r) for r in self.readers]
@@ -150,10 +151,6 @@ class FieldReader:
         finally:
             for it in iters:
                 it.close()  # stop every field's prefetch when the consumer leaves early
-
-    def close(self) -> None:
-        for r in self.readers:
-            r.close()
 
     def __enter__(self) -> FieldReader:
         return self
