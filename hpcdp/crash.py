@@ -7,6 +7,7 @@ the standard library, so that any entry point can call it first.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 
 
@@ -18,4 +19,5 @@ def report_crashes() -> None:
     truncated under the reader's mapping shows the reader's gather, for one).
     """
     if not faulthandler.is_enabled():
-        faulthandler.enable(all_threads=True)
+        with contextlib.suppress(OSError, ValueError):  # stderr without a file descriptor
+            faulthandler.enable(all_threads=True)

@@ -1,5 +1,6 @@
-"""Sharded HDF5 data: preparation (`prep`, `sources`), the epoch layout (`partition`),
-and the readers (`reader`, `assemble`; `slices` for evaluation); token streams for
+"""Sharded HDF5 data: preparation (`prep`, `sources`; `prep_run` for what every recipe
+shares), the epoch layout (`partition`), and the readers (`reader`, `assemble`,
+`epochs` for what the shuffled readers share; `slices` for evaluation); token streams for
 language models: the format (`tokens`), their preparation (`token_writer`, `text_prep`,
 `tokenizer`, `markov`, `markov_prep`) and the window reader (`token_reader`).
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,8 +33,9 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.crash import report_crashes
 from hpcdp.data import clicks as ck
-from hpcdp.data import prep
+from hpcdp.data import prep, prep_run
 
+PROG = "clicks"
 FIELDS = ("dense", "sparse", "label")
 #: Bytes of one row over the three datasets.
 ROW_BYTES = ck.DENSE_FEATURES * 4 + len(ck.field_names()) * 4 + 1
@@ -45,21 +45,6 @@ def split_rows(spec: ck.ClickSpec) -> dict[str, int]:
     """The splits to write and their rows (a split of 0 rows is not written)."""
     rows = {"train": spec.rows, "val": spec.val_rows}
     return {name: n for name, n in rows.items() if n > 0}
-
-
-def check_out(out: str, splits: Sequence[str], overwrite: bool) -> None:
-    """The output folder is usable and holds no output we would replace unasked."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise prep.PrepError(f"--out {out}: exists and is not a folder")
-    if not overwrite:
-        for name in splits:
-            path = os.path.join(out, f"{name}.h5")
-            if os.path.exists(path):
-                raise prep.PrepError(
-                    f"{path} exists; pass --overwrite to replace it (nothing was written)")
-    os.makedirs(out, exist_ok=True)
-    if not os.access(out, os.W_OK):
-        raise prep.PrepError(f"--out {out}: not writable")
 
 
 def split_attrs(world: ck.ClickWorld, split: str, n: int) -> dict[str, Any]:
@@ -119,7 +104,7 @@ def _write_rows(dsets: list[Any], start: int, rows: ck.Rows, comm: Any, collecti
             if len(data):
                 dset[start : start + len(data)] = data
         else:
-            prep._mpio_write(dset, start, data, collective)
+            prep_run.mpio_write(dset, start, data, collective)
 
 
 def _final_attrs(f: Any, tally: _Tally, n: int, comm: Any) -> None:
@@ -137,19 +122,13 @@ def _final_attrs(f: Any, tally: _Tally, n: int, comm: Any) -> None:
 def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any,
                 chunk_bytes: int = prep.CHUNK_BYTES, collective: bool = False) -> str:
     """Write `split` to OUT/SPLIT.h5 under a temporary name, then rename it; return the path."""
-    import h5py
-
     final = os.path.join(out, f"{split}.h5")
     chunk = prep.chunk_rows(ROW_BYTES, n, chunk_bytes)
     slab = prep.slab_rows(chunk, ROW_BYTES)
-    lo, hi = prep.rank_rows(n, chunk, comm.rank, comm.size)
-    rounds = prep.write_rounds(n, chunk, slab, comm.size)
     tally = _Tally(keep=split == "val")
-    kwargs: dict[str, Any] = {"driver": "mpio", "comm": comm} if comm.size > 1 else {}
-    with prep.replacing(final, comm) as tmp, h5py.File(tmp, "w", **kwargs) as f:
+    with prep_run.replacing(final, comm) as tmp, prep_run.create_h5(tmp, comm) as f:
         dsets = _create(f, world, split, n, chunk)
-        for i in range(rounds):
-            a, b = min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)
+        for a, b in prep.rank_slabs(n, chunk, slab, comm.rank, comm.size):
             rows = world.rows(split, a, b)
             tally.add(rows)
             _write_rows(dsets, a, rows, comm, collective)
@@ -189,42 +168,34 @@ def spec_from(args: argparse.Namespace) -> ck.ClickSpec:
                         latent_dim=args.latent_dim, zipf=args.zipf, click_rate=args.click_rate)
 
 
-def _say(comm: Any, message: str) -> None:
-    prefix = f"[rank {comm.rank}] " if comm.size > 1 else ""
-    print(f"{prefix}clicks: {message}", file=sys.stderr, flush=True)
+def _check(args: argparse.Namespace, comm: Any) -> tuple[ck.ClickSpec, dict[str, int]]:
+    """Every check of the options, on this rank; the spec and the splits' rows."""
+    prep_run.check_world(comm.size)
+    spec = spec_from(args).check()
+    splits = split_rows(spec)
+    if args.chunk_mib <= 0:
+        raise prep.PrepError(f"--chunk-mib must be positive, got {args.chunk_mib}")
+    prep_run.check_outputs(args.out, [f"{name}.h5" for name in splits], args.overwrite,
+                           refusal="{first} exists; pass --overwrite to replace it (nothing "
+                                   "was written)")
+    return spec, splits
+
+
+def _write(args: argparse.Namespace, spec: ck.ClickSpec, splits: dict[str, int], comm: Any
+           ) -> list[str]:
+    world = ck.ClickWorld(spec).calibrate()
+    return [write_split(args.out, world, name, n, comm, int(args.chunk_mib * 2**20),
+                        args.mpio == "collective") for name, n in splits.items()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = prep.world()
-    error: str | None = None
-    try:
-        prep._check_world(comm.size)
-        spec = spec_from(args).check()
-        splits = split_rows(spec)
-        if args.chunk_mib <= 0:
-            raise prep.PrepError(f"--chunk-mib must be positive, got {args.chunk_mib}")
-        check_out(args.out, list(splits), args.overwrite)
-    except (ck.ClickSpecError, prep.PrepError, OSError, ImportError) as exc:
-        error = str(exc)
-    errors = [e for e in comm.allgather(error) if e]  # every rank reports, none writes
-    if errors:
-        _say(comm, f"error: {errors[0]}")
-        return 1
-    start = time.perf_counter()
-    try:
-        world = ck.ClickWorld(spec).calibrate()
-        written = [write_split(args.out, world, name, n, comm, int(args.chunk_mib * 2**20),
-                               args.mpio == "collective") for name, n in splits.items()]
-    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        _say(comm, f"error while writing: {type(exc).__name__}: {exc}")
-        if comm.size > 1:
-            comm.Abort(1)
-        return 1
-    if comm.rank == 0:
-        _summary(written, time.perf_counter() - start, comm.size)
-    return 0
+    comm = prep_run.world()
+    return prep_run.run(
+        PROG, comm, lambda: _check(args, comm), lambda got: _write(args, *got, comm),
+        lambda written, seconds: _summary(written, seconds, comm.size),
+        bad_input=(ck.ClickSpecError, prep.PrepError, OSError, ImportError))
 
 
 def _summary(paths: list[str], seconds: float, ranks: int) -> None:
@@ -234,9 +205,9 @@ def _summary(paths: list[str], seconds: float, ranks: int) -> None:
         with h5py.File(path, "r") as f:
             a = dict(f.attrs)
         extra = "".join(f", {k} {a[k]:.4f}" for k in ("oracle_auc", "baseline_auc") if k in a)
-        print(f"clicks: wrote {path}: {a['num_samples']} rows, click rate "
+        print(f"{PROG}: wrote {path}: {a['num_samples']} rows, click rate "
               f"{a['click_rate']:.3f}{extra}", flush=True)
-    print(f"clicks: {seconds:.2f} s on {ranks} rank(s)", flush=True)
+    print(f"{PROG}: {seconds:.2f} s on {ranks} rank(s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-import time
 from collections.abc import Sequence
+from typing import Any
 
+from hpcdp.crash import report_crashes
 from hpcdp.data import markov as mk
+from hpcdp.data import prep_run
 from hpcdp.data import token_writer as tw
 from hpcdp.data import tokens as tk
 from hpcdp.data.prep import rank_rows
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check(args: argparse.Namespace) -> mk.MarkovChain:
+def _chain(args: argparse.Namespace) -> mk.MarkovChain:
     if args.docs < 1 or args.val_docs < 1:
         raise tw.TokenPrepError(f"--docs and --val-docs must be at least 1, got {args.docs} "
                                 f"and {args.val_docs}")
@@ -66,43 +68,40 @@ def _identity_sha(symbols: int) -> str:
     return hashlib.sha256(f"hpcdp markov symbols v1: {symbols} + EOD".encode()).hexdigest()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    tw.crash_stacks()
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = tw.world()
-    error = None
-    try:
-        tw.check_world(comm)
-        chain = _check(args)
-        tw.check_outputs(args.out, ["train.h5", "val.h5"], args.overwrite)
-    except (tw.TokenPrepError, OSError, ImportError) as exc:
-        error = str(exc)
-    error = tw.agree(comm, error)
-    if error:
-        tw.say(comm, PROG, f"error: {error}")
-        return 1
-    start = time.perf_counter()
+def _check(args: argparse.Namespace, comm: Any) -> mk.MarkovChain:
+    """Every check of the options, on this rank; the chain they describe."""
+    prep_run.check_world(comm.size)
+    chain = _chain(args)
+    prep_run.check_outputs(args.out, ["train.h5", "val.h5"], args.overwrite)
+    return chain
+
+
+def _write(args: argparse.Namespace, chain: mk.MarkovChain, comm: Any
+           ) -> tuple[list[str], float]:
+    """Collective: each rank draws its blocks of documents; all write each split. The
+    paths, and the chain's entropy rate."""
     h = mk.entropy_rate(chain)
     written = []
-    try:
-        for split_id, (split, count) in enumerate((("train", args.docs), ("val", args.val_docs))):
-            lo, hi = rank_rows(count, mk.DOCS_PER_BLOCK, comm.rank, comm.size)
-            docs = mk.sample_documents(chain, args.seed, split_id, lo, hi)
-            written.append(tw.write_split(args.out, split, docs, _meta(chain, args, split, h),
-                                          comm))
-    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        tw.say(comm, PROG, f"error while writing: {type(exc).__name__}: {exc}")
-        if comm.size > 1:
-            comm.Abort(1)
-        return 1
-    if comm.rank == 0:
-        for path in written:
-            info = tk.validate_tokens(path)
-            print(f"{PROG}: wrote {path}: {info.num_documents} documents, {info.num_tokens} "
-                  f"tokens", flush=True)
-        print(f"{PROG}: entropy rate {h:.4f} nats/token; {time.perf_counter() - start:.2f} s "
-              f"on {comm.size} rank(s)", flush=True)
-    return 0
+    for split_id, (split, count) in enumerate((("train", args.docs), ("val", args.val_docs))):
+        lo, hi = rank_rows(count, mk.DOCS_PER_BLOCK, comm.rank, comm.size)
+        docs = mk.sample_documents(chain, args.seed, split_id, lo, hi)
+        written.append(tw.write_split(args.out, split, docs, _meta(chain, args, split, h), comm))
+    return written, h
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    report_crashes()
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    comm = prep_run.world()
+
+    def summary(result: tuple[list[str], float], seconds: float) -> None:
+        written, h = result
+        tw.report_written(PROG, written)
+        print(f"{PROG}: entropy rate {h:.4f} nats/token; {seconds:.2f} s on {comm.size} "
+              "rank(s)", flush=True)
+
+    return prep_run.run(PROG, comm, lambda: _check(args, comm),
+                        lambda chain: _write(args, chain, comm), summary)
 
 
 if __name__ == "__main__":

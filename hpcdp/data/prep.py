@@ -28,18 +28,25 @@ import os
 import shutil
 import sys
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__, hvd_settings
+from hpcdp import __version__
 from hpcdp.cliargs import parse_args
 from hpcdp.crash import report_crashes
 from hpcdp.data import sources as src
+from hpcdp.data.prep_run import (
+    PrepError,
+    agree,
+    check_world,
+    mpio_write,
+    replacing,
+    say,
+    world,
+)
 
 #: Target chunk size: about 1 MiB of samples (at least one sample).
 CHUNK_BYTES = 1 << 20
@@ -47,13 +54,8 @@ CHUNK_BYTES = 1 << 20
 MIN_CHUNKS = 64
 #: Rows generated and written per round, in whole chunks: bounds memory for huge files.
 SLAB_BYTES = 8 << 20
-#: Environment variables that mean "started by an MPI launcher".
-MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 COMPRESSIONS = ("none", "gzip", "lzf")
-
-
-class PrepError(ValueError):
-    """Bad preparation options (output folder, sizes, MPI setup)."""
+PROG = "hpcdp prep"
 
 
 # -- pure layout ----------------------------------------------------------------------
@@ -84,6 +86,15 @@ def write_rounds(num_samples: int, chunk: int, slab: int, size: int) -> int:
     return max(-(-(hi - lo) // slab) for lo, hi in spans)
 
 
+def rank_slabs(num_samples: int, chunk: int, slab: int, rank: int, size: int
+               ) -> list[tuple[int, int]]:
+    """Rank `rank`'s rows ``[a, b)`` for each write round, ``a == b`` once it has written
+    its share: every rank takes part in every round's collective write."""
+    lo, hi = rank_rows(num_samples, chunk, rank, size)
+    rounds = write_rounds(num_samples, chunk, slab, size)
+    return [(min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)) for i in range(rounds)]
+
+
 def label_chunk_rows(chunk: int, num_samples: int) -> int:
     """Label chunks: a whole number of sample chunks, about 256 KiB of int64."""
     return min(num_samples, chunk * max(1, (256 << 10) // (chunk * 8)))
@@ -107,58 +118,6 @@ def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
     }
 
 
-# -- MPI ------------------------------------------------------------------------------
-
-
-class SerialComm:
-    """The one-process world, with the few collectives prep uses."""
-
-    rank = 0
-    size = 1
-
-    def allgather(self, value: Any) -> list[Any]:
-        return [value]
-
-    def bcast(self, value: Any, root: int = 0) -> Any:
-        return value
-
-    def Barrier(self) -> None:  # noqa: N802 - mpi4py's name
-        pass
-
-    def Abort(self, code: int = 1) -> None:  # noqa: N802 - mpi4py's name
-        os._exit(code)
-
-
-def world() -> Any:
-    """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial.
-
-    hpcdp's runtime settings (threads, MPI yielding: hpcdp.hvd_settings) go into the
-    environment first, as in training, since MPI reads them when mpi4py starts it.
-    """
-    try:
-        hvd_settings.apply()
-    except ValueError as exc:  # a malformed export: every rank fails alike, before MPI
-        raise PrepError(str(exc)) from exc
-    if not any(name in os.environ for name in MPI_MARKERS):
-        return SerialComm()
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def _check_world(size: int) -> None:
-    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
-    if size == 1 and tasks > 1:
-        raise PrepError(
-            f"started as {tasks} Slurm tasks but MPI sees one rank: use srun --mpi=pmix"
-        )
-    if size > 1:
-        import h5py
-
-        if not h5py.get_config().mpi:
-            raise PrepError("this h5py is built without MPI; several ranks cannot share one file")
-
-
 # -- writing --------------------------------------------------------------------------
 
 
@@ -171,25 +130,6 @@ class WriteOptions:
     seed: int = 0
     source_name: str = ""
     collective: bool = False
-
-
-def _mpio_write(dset: Any, start: int, data: np.ndarray, collective: bool) -> None:
-    """Write rows ``[start, start+len(data))``; every rank calls, zero rows included."""
-    from h5py import h5fd, h5p, h5s
-
-    dxpl = h5p.create(h5p.DATASET_XFER)
-    dxpl.set_dxpl_mpio(h5fd.MPIO_COLLECTIVE if collective else h5fd.MPIO_INDEPENDENT)
-    fspace = dset.id.get_space()
-    tail = tuple(dset.shape[1:])
-    if len(data):
-        fspace.select_hyperslab((start,) + (0,) * len(tail), (len(data), *tail))
-        mspace = h5s.create_simple(data.shape)
-    else:
-        fspace.select_none()
-        data = np.zeros((1, *tail), dset.dtype)
-        mspace = h5s.create_simple(data.shape)
-        mspace.select_none()
-    dset.id.write(mspace, fspace, np.ascontiguousarray(data, dset.dtype), dxpl=dxpl)
 
 
 def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> tuple[Any, Any]:
@@ -231,20 +171,17 @@ def _write_parallel(path: str, source: src.Source, opts: WriteOptions, chunk: in
     import h5py
 
     slab = slab_rows(chunk, source.sample_bytes)
-    lo, hi = rank_rows(source.num_samples, chunk, comm.rank, comm.size)
-    rounds = write_rounds(source.num_samples, chunk, slab, comm.size)
     with h5py.File(path, "w", driver="mpio", comm=comm) as f:
         x, y = _create(f, source, opts, chunk)
-        for i in range(rounds):
-            a, b = min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)
+        for a, b in rank_slabs(source.num_samples, chunk, slab, comm.rank, comm.size):
             if a < b:
                 xs, ys = source.slab(a, b)
             else:
                 xs = np.zeros((0, *source.sample_shape), source.dtype)
                 ys = np.zeros(0, np.int64)
-            _mpio_write(x, a, xs, opts.collective)
+            mpio_write(x, a, xs, opts.collective)
             if y is not None:
-                _mpio_write(y, a, ys, opts.collective)
+                mpio_write(y, a, ys, opts.collective)
 
 
 def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any) -> str:
@@ -260,27 +197,6 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any)
         else:
             _write_parallel(tmp, source, opts, chunk, comm)
     return final
-
-
-@contextmanager
-def replacing(final: str, comm: Any) -> Iterator[str]:
-    """Collective: a temporary name beside `final` that every rank writes to; once all
-    are done, rank 0 renames it over `final`, so a failed write never replaces a good
-    file. On a failure one rank removes it; with several the job is aborted and a stale
-    temporary may remain."""
-    folder, name = os.path.split(final)
-    token = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None, root=0)
-    tmp = os.path.join(folder, f".{name}.tmp-{token}")
-    try:
-        yield tmp
-    except BaseException:
-        if comm.size == 1 and os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    comm.Barrier()
-    if comm.rank == 0:
-        os.replace(tmp, final)
-    comm.Barrier()
 
 
 # -- command line ---------------------------------------------------------------------
@@ -432,13 +348,12 @@ def check_report(report: str | None) -> None:
 
 
 def _say(comm: Any, message: str) -> None:
-    prefix = f"[rank {comm.rank}] " if comm.size > 1 else ""
-    print(f"{prefix}hpcdp prep: {message}", file=sys.stderr, flush=True)
+    say(comm, PROG, message)
 
 
 def prepare_inputs(args: argparse.Namespace, comm: Any) -> tuple[WriteOptions, list[src.Source]]:
     """Every check of the options and input files, on this rank; raises on bad input."""
-    _check_world(comm.size)
+    check_world(comm.size)
     opts = write_options(args)
     sources = make_sources(args)
     for source in sources:
@@ -451,10 +366,10 @@ def prepare_inputs(args: argparse.Namespace, comm: Any) -> tuple[WriteOptions, l
 
 def agreed(comm: Any, error: str | None) -> bool:
     """Collective: True when no rank has an error; else every rank prints the first one."""
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        _say(comm, f"error: {errors[0]}")
-    return not errors
+    error = agree(comm, error)
+    if error:
+        _say(comm, f"error: {error}")
+    return not error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -464,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         comm = world()
     except PrepError as exc:
-        print(f"hpcdp prep: error: {exc}", file=sys.stderr, flush=True)
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     error: str | None = None
     try:

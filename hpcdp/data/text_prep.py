@@ -28,7 +28,6 @@ import glob
 import mmap
 import os
 import sys
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcdp.crash import report_crashes
+from hpcdp.data import prep_run
 from hpcdp.data import token_writer as tw
 from hpcdp.data import tokenizer as tz
 from hpcdp.data import tokens as tk
@@ -181,13 +182,6 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tz.To
     return tz.from_json(text, "tokenizer.json", args.eod_token)
 
 
-def _exscan(comm: Any, value: int) -> int:
-    if comm.size == 1:
-        return 0
-    got = comm.exscan(value)
-    return 0 if comm.rank == 0 or got is None else int(got)
-
-
 def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
                    ) -> tuple[tz.Tokenizer, dict[str, list[np.ndarray]]]:
     """Collective: the tokenizer and this rank's tokenized documents per split."""
@@ -195,19 +189,19 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
     try:
         spans = corpus.spans(comm.rank, comm.size)
     except OSError as exc:  # e.g. a file removed since it was listed
-        error = tw.agree(comm, f"cannot read the corpus: {exc}")
+        error = prep_run.agree(comm, f"cannot read the corpus: {exc}")
     else:
-        error = tw.agree(comm, None)
+        error = prep_run.agree(comm, None)
     if error:
         raise tw.TokenPrepError(error)
-    train, val = split_docs(spans, _exscan(comm, len(spans)), args.val_fraction)
+    train, val = split_docs(spans, prep_run.exscan(comm, len(spans)), args.val_fraction)
     check_counts(comm, {"train": train, "val": val}, args.val_fraction)
     tok = None
     try:
         tok = make_tokenizer(args, corpus, comm)
     except (tz.TokenizerError, tw.TokenPrepError) as exc:
         error = str(exc)
-    error = tw.agree(comm, error)
+    error = prep_run.agree(comm, error)
     if error:
         raise tw.TokenPrepError(error)
     assert tok is not None
@@ -217,7 +211,7 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
             docs[name] = tok.encode(list(corpus.texts(part)))
         except tw.TokenPrepError as exc:
             error = error or str(exc)
-    error = tw.agree(comm, error)
+    error = prep_run.agree(comm, error)
     if error:
         raise tw.TokenPrepError(error)
     return tok, docs
@@ -294,66 +288,42 @@ def _outputs(args: argparse.Namespace) -> list[str]:
 
 
 def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
-    tw.check_world(comm)
+    """Every check of the options, on this rank; the corpus they name."""
+    prep_run.check_world(comm.size)
     if not 0 <= args.val_fraction < 1:
         raise tw.TokenPrepError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
         raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
                                 "or 'bpe')")
     corpus = Corpus(expand_files(args.files), args.lines)
-    tw.check_outputs(args.out, _outputs(args), args.overwrite)
+    prep_run.check_outputs(args.out, _outputs(args), args.overwrite)
     return corpus
 
 
+def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[str], str | None]:
+    """Collective: tokenize this rank's share and write the splits (and tokenizer.json);
+    the paths written."""
+    tok, docs = tokenize_share(args, corpus, comm)
+    written = [tw.write_split(args.out, split, docs[split], meta_for(tok, split, args), comm)
+               for split in (("train", "val") if args.val_fraction > 0 else ("train",))]
+    return written, save_tokenizer(args.out, tok, comm) if _copies_tokenizer(args) else None
+
+
+def _summary(result: tuple[list[str], str | None], seconds: float, ranks: int) -> None:
+    written, saved = result
+    tw.report_written(PROG, written)
+    if saved:
+        print(f"{PROG}: wrote {saved}", flush=True)
+    print(f"{PROG}: {seconds:.2f} s on {ranks} rank(s)", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    tw.crash_stacks()
+    report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = tw.world()
-    error, corpus = None, None
-    try:
-        corpus = _setup(args, comm)
-    except (tw.TokenPrepError, OSError, ImportError) as exc:
-        error = str(exc)
-    error = tw.agree(comm, error)
-    if error:
-        tw.say(comm, PROG, f"error: {error}")
-        return 1
-    assert corpus is not None
-    start = time.perf_counter()
-    try:
-        tok, docs = tokenize_share(args, corpus, comm)
-    except tw.TokenPrepError as exc:
-        tw.say(comm, PROG, f"error: {exc}")
-        return 1
-    return _write(args, comm, tok, docs, start)
-
-
-def _write(args: argparse.Namespace, comm: Any, tok: tz.Tokenizer,
-           docs: dict[str, list[np.ndarray]], start: float) -> int:
-    written = []
-    try:
-        for split in ("train", "val") if args.val_fraction > 0 else ("train",):
-            written.append(tw.write_split(args.out, split, docs[split],
-                                          meta_for(tok, split, args), comm))
-        saved = save_tokenizer(args.out, tok, comm) if _copies_tokenizer(args) else None
-    except tw.TokenPrepError as exc:  # raised on every rank before any file is created
-        tw.say(comm, PROG, f"error: {exc}")
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        tw.say(comm, PROG, f"error while writing: {type(exc).__name__}: {exc}")
-        if comm.size > 1:
-            comm.Abort(1)
-        return 1
-    if comm.rank == 0:
-        for path in written:
-            info = tk.validate_tokens(path)
-            print(f"{PROG}: wrote {path}: {info.num_documents} documents, {info.num_tokens} "
-                  f"tokens (vocabulary {info.vocab_size}, tokenizer {info.tokenizer})",
-                  flush=True)
-        if saved:
-            print(f"{PROG}: wrote {saved}", flush=True)
-        print(f"{PROG}: {time.perf_counter() - start:.2f} s on {comm.size} rank(s)", flush=True)
-    return 0
+    comm = prep_run.world()
+    return prep_run.run(PROG, comm, lambda: _setup(args, comm),
+                        lambda corpus: _write(args, corpus, comm),
+                        lambda result, seconds: _summary(result, seconds, comm.size))
 
 
 if __name__ == "__main__":

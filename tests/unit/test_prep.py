@@ -31,6 +31,17 @@ def test_rank_rows_cover_every_row_once_in_whole_chunks(n: int, chunk: int, size
     assert rounds == max(-(-(hi - lo) // slab) for lo, hi in spans)
 
 
+@given(n=st.integers(1, 5000), chunk=st.integers(1, 300), size=st.integers(1, 9))
+def test_rank_slabs_are_the_rank_rows_in_equal_rounds(n: int, chunk: int, size: int) -> None:
+    slab = chunk * 2
+    slabs = [prep.rank_slabs(n, chunk, slab, r, size) for r in range(size)]
+    assert len({len(s) for s in slabs}) == 1  # every rank in every collective round
+    for r, mine in enumerate(slabs):
+        lo, hi = prep.rank_rows(n, chunk, r, size)
+        rows = [i for a, b in mine for i in range(a, b)]
+        assert rows == list(range(lo, hi)) and all(b - a <= slab for a, b in mine)
+
+
 def test_chunks_are_about_one_mib_along_the_sample_axis() -> None:
     assert prep.chunk_rows(3 * 32 * 32, 50_000) * 3072 in range(1 << 20, (1 << 20) + 3072)
     assert prep.chunk_rows(3 * 224 * 224, 10_000) == 7  # 1.05 MiB
