@@ -40,7 +40,7 @@ demo: setup
 ## Prepare the Markov corpus with 2 ranks, train the tiny GPT with horovodrun -np 2, and
 ## print the validation loss against the corpus's entropy rate.
 demo-lm: setup
-	VENV=$(VENV) bash scripts/demo_lm.sh
+	VENV=$(VENV) bash scripts/demo-lm.sh
 
 ## Write the click log with 2 ranks, train the DLRM-style model with horovodrun -np 2,
 ## and set val_auc beside the data's oracle_auc and baseline_auc.

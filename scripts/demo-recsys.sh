@@ -10,30 +10,17 @@
 # config overrides (e.g. horovod.sparse_grads=dense).
 set -euo pipefail
 
-VENV=${VENV:-.venv}
-PY="$VENV/bin/python"
+DEMO_NAME=demo-recsys
+source "$(dirname "$0")/demo-common.sh"
 DATA=${DEMO_DATA:-data/clicks}
 RUN=${DEMO_RUN:-runs/clicks}
-NP=${DEMO_NP:-2}
+# Unlike the other demos, this one sets one thread per rank and yielding MPI itself.
+export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
-export PYTHONUNBUFFERED=1
+demo_prepare "writing the click log" clicks.py "$DATA"
+demo_train "the click model" hpcdp/configs/clicks.toml "$DATA" "$RUN" "$@"
 
-say() { echo "demo-recsys: $*"; }
-
-say "writing the click log with $NP ranks -> $DATA"
-mpirun -np "$NP" --oversubscribe --bind-to none "$PY" datasets/clicks.py --out "$DATA" --overwrite
-
-say "training the click model with horovodrun -np $NP -> $RUN"
-rm -rf "$RUN"  # the demo's own output folder: start fresh, never resume an old demo
-start=$(date +%s)
-"$VENV/bin/horovodrun" -np "$NP" -H "localhost:$NP" \
-  "$PY" -m hpcdp.train --config hpcdp/configs/clicks.toml \
-  "data.path=$DATA" "run.dir=$RUN" "$@"
-secs=$(( $(date +%s) - start ))
-
-"$PY" - "$RUN/summary.json" "$DATA/val.h5" "$secs" <<'PYEOF'
+"$PY" - "$RUN/summary.json" "$DATA/val.h5" "$TRAIN_SECS" <<'PYEOF'
 import json
 import sys
 

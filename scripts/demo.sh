@@ -8,33 +8,16 @@
 # DEMO_NP (default 2).
 set -euo pipefail
 
-VENV=${VENV:-.venv}
-PY="$VENV/bin/python"
+DEMO_NAME=demo
+source "$(dirname "$0")/demo-common.sh"
 DATA=${DEMO_DATA:-data/digits}
 RUN=${DEMO_RUN:-runs/digits}
 MIN_ACC=${DEMO_MIN_ACC:-0.95}
-NP=${DEMO_NP:-2}
 
-# Threads and MPI yielding are not exported: training and prep choose them from the
-# CPUs each rank may use (docs/runtime-settings.md), as for any plain command.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export HDF5_USE_FILE_LOCKING=FALSE PYTHONUNBUFFERED=1
+demo_prepare "preparing the digits" digits.py "$DATA"
+demo_train "the small CNN" hpcdp/configs/digits.toml "$DATA" "$RUN"
 
-say() { echo "demo: $*"; }
-
-say "preparing the digits with $NP ranks -> $DATA"
-# --overwrite: the demo's own data folder is rewritten (the same digits) on every run.
-mpirun -np "$NP" --oversubscribe --bind-to none "$PY" datasets/digits.py --out "$DATA" --overwrite
-
-say "training the small CNN with horovodrun -np $NP -> $RUN"
-rm -rf "$RUN"  # the demo's own output folder: start fresh, never resume an old demo
-start=$(date +%s)
-"$VENV/bin/horovodrun" -np "$NP" -H "localhost:$NP" \
-  "$PY" -m hpcdp.train --config hpcdp/configs/digits.toml \
-  "data.path=$DATA" "run.dir=$RUN"
-secs=$(( $(date +%s) - start ))
-
-"$PY" - "$RUN/summary.json" "$MIN_ACC" "$secs" <<'PYEOF'
+"$PY" - "$RUN/summary.json" "$MIN_ACC" "$TRAIN_SECS" <<'PYEOF'
 import json
 import sys
 

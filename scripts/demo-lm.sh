@@ -9,33 +9,16 @@
 # 0.05 nats/token), DEMO_NP (default 2).
 set -euo pipefail
 
-VENV=${VENV:-.venv}
-PY="$VENV/bin/python"
+DEMO_NAME=demo-lm
+source "$(dirname "$0")/demo-common.sh"
 DATA=${DEMO_LM_DATA:-data/markov}
 RUN=${DEMO_LM_RUN:-runs/lm_markov}
 MARGIN=${DEMO_LM_MARGIN:-0.05}
-NP=${DEMO_NP:-2}
 
-# Threads and MPI yielding are not exported: training and prep choose them from the
-# CPUs each rank may use (hpcdp.hvd_settings), as for any plain command.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export HDF5_USE_FILE_LOCKING=FALSE PYTHONUNBUFFERED=1
+demo_prepare "preparing the Markov corpus" markov.py "$DATA"
+demo_train "the tiny GPT" hpcdp/configs/lm_markov.toml "$DATA" "$RUN"
 
-say() { echo "demo-lm: $*"; }
-
-say "preparing the Markov corpus with $NP ranks -> $DATA"
-# --overwrite: the demo's own data folder is rewritten (the same seeded corpus) every run.
-mpirun -np "$NP" --oversubscribe --bind-to none "$PY" datasets/markov.py --out "$DATA" --overwrite
-
-say "training the tiny GPT with horovodrun -np $NP -> $RUN"
-rm -rf "$RUN"  # the demo's own output folder: start fresh, never resume an old demo
-start=$(date +%s)
-"$VENV/bin/horovodrun" -np "$NP" -H "localhost:$NP" \
-  "$PY" -m hpcdp.train --config hpcdp/configs/lm_markov.toml \
-  "data.path=$DATA" "run.dir=$RUN"
-secs=$(( $(date +%s) - start ))
-
-"$PY" - "$RUN/summary.json" "$DATA/val.h5" "$MARGIN" "$secs" <<'PYEOF'
+"$PY" - "$RUN/summary.json" "$DATA/val.h5" "$MARGIN" "$TRAIN_SECS" <<'PYEOF'
 import json
 import sys
 
