@@ -46,6 +46,7 @@ from hpcdp.data.prep_run import (
     replacing,
     say,
     world,
+    write_or_abort,
 )
 
 #: Target chunk size: about 1 MiB of samples (at least one sample).
@@ -347,10 +348,6 @@ def check_report(report: str | None) -> None:
         raise PrepError(f"--report {report!r}: expected a file path in an existing folder")
 
 
-def _say(comm: Any, message: str) -> None:
-    say(comm, PROG, message)
-
-
 def prepare_inputs(args: argparse.Namespace, comm: Any) -> tuple[WriteOptions, list[src.Source]]:
     """Every check of the options and input files, on this rank; raises on bad input."""
     check_world(comm.size)
@@ -368,7 +365,7 @@ def agreed(comm: Any, error: str | None) -> bool:
     """Collective: True when no rank has an error; else every rank prints the first one."""
     error = agree(comm, error)
     if error:
-        _say(comm, f"error: {error}")
+        say(comm, PROG, f"error: {error}")
     return not error
 
 
@@ -397,20 +394,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     comm.Barrier()
     start = time.perf_counter()
-    written = []
-    try:
-        for source in sources:
-            written.append(write_split(args.out, source, opts, comm))
-    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        _say(comm, f"error while writing: {type(exc).__name__}: {exc}")
-        if comm.size > 1:
-            comm.Abort(1)
+    written = write_or_abort(PROG, comm,
+                             lambda: [write_split(args.out, s, opts, comm) for s in sources])
+    if written is None:
         return 1
     if comm.rank == 0:
         try:
             _summary(args, sources, written, comm.size, time.perf_counter() - start)
         except OSError as exc:
-            _say(comm, f"error: --report {args.report}: {exc.strerror or exc}")
+            say(comm, PROG, f"error: --report {args.report}: {exc.strerror or exc}")
             return 1
     return 0
 

@@ -96,6 +96,14 @@ def agree(comm: Any, error: str | None) -> str | None:
     return errors[0] if errors else None
 
 
+def raise_agreed(comm: Any, error: str | None, kind: type[PrepError] = PrepError) -> None:
+    """Collective: raise the first rank's error (`agree`) on every rank, so that all stop
+    together; return when no rank has one."""
+    error = agree(comm, error)
+    if error:
+        raise kind(error)
+
+
 def say(comm: Any, prog: str, message: str) -> None:
     """`message` on stderr, prefixed by the rank when there are several."""
     prefix = f"[rank {comm.rank}] " if comm.size > 1 else ""
@@ -198,11 +206,9 @@ def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inpu
     """Collective: a recipe from its checks to its summary; the exit status.
 
     `check` runs on every rank and raises one of `bad_input`; the ranks agree on
-    the first error and all exit 1 with nothing written. `write` then writes
-    (collectively): a `PrepError` from it must be raised on every rank alike,
-    before any file is created, and exits 1; any other failure aborts the job,
-    since the other ranks may wait in a collective for the one that failed.
-    Rank 0 then prints `summary` of what `write` returned and the seconds taken.
+    the first error and all exit 1 with nothing written. Then `write_or_abort`
+    runs `write`, and rank 0 prints `summary` of what it returned and the seconds
+    it took.
     """
     error, inputs = None, None
     try:
@@ -214,16 +220,27 @@ def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inpu
         say(comm, prog, f"error: {error}")
         return 1
     start = time.perf_counter()
-    try:
-        written = write(inputs)  # type: ignore[arg-type]
-    except PrepError as exc:
-        say(comm, prog, f"error: {exc}")
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc}")
-        if comm.size > 1:
-            comm.Abort(1)
+    written = write_or_abort(prog, comm, lambda: write(inputs))  # type: ignore[arg-type]
+    if written is None:
         return 1
     if comm.rank == 0:
         summary(written, time.perf_counter() - start)
     return 0
+
+
+def write_or_abort(prog: str, comm: Any, write: Callable[[], Written]) -> Written | None:
+    """Collective: what `write` returns, or None once its failure is reported.
+
+    A `PrepError` from `write` must be raised on every rank alike, before any file
+    is created (as after `agree`). Any other failure aborts the job: the other ranks
+    may be waiting in a collective for the one that failed.
+    """
+    try:
+        return write()
+    except PrepError as exc:
+        say(comm, prog, f"error: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
+        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc}")
+        if comm.size > 1:
+            comm.Abort(1)
+    return None

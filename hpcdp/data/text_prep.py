@@ -186,14 +186,12 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
                    ) -> tuple[tz.Tokenizer, dict[str, list[np.ndarray]]]:
     """Collective: the tokenizer and this rank's tokenized documents per split."""
     spans: list[Span] = []
+    error = None
     try:
         spans = corpus.spans(comm.rank, comm.size)
     except OSError as exc:  # e.g. a file removed since it was listed
-        error = prep_run.agree(comm, f"cannot read the corpus: {exc}")
-    else:
-        error = prep_run.agree(comm, None)
-    if error:
-        raise tw.TokenPrepError(error)
+        error = f"cannot read the corpus: {exc}"
+    prep_run.raise_agreed(comm, error, tw.TokenPrepError)
     train, val = split_docs(spans, prep_run.exscan(comm, len(spans)), args.val_fraction)
     check_counts(comm, {"train": train, "val": val}, args.val_fraction)
     tok = None
@@ -201,9 +199,7 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
         tok = make_tokenizer(args, corpus, comm)
     except (tz.TokenizerError, tw.TokenPrepError) as exc:
         error = str(exc)
-    error = prep_run.agree(comm, error)
-    if error:
-        raise tw.TokenPrepError(error)
+    prep_run.raise_agreed(comm, error, tw.TokenPrepError)
     assert tok is not None
     docs: dict[str, list[np.ndarray]] = {}
     for name, part in (("train", train), ("val", val)):
@@ -211,9 +207,7 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
             docs[name] = tok.encode(list(corpus.texts(part)))
         except tw.TokenPrepError as exc:
             error = error or str(exc)
-    error = prep_run.agree(comm, error)
-    if error:
-        raise tw.TokenPrepError(error)
+    prep_run.raise_agreed(comm, error, tw.TokenPrepError)
     return tok, docs
 
 

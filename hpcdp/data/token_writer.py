@@ -49,9 +49,7 @@ def write_split(out_dir: str, name: str, docs: Sequence[np.ndarray], meta: tk.To
     split has no documents or a token id is outside the vocabulary.
     """
     final = os.path.join(out_dir, f"{name}.h5")
-    error = prep_run.agree(comm, local_errors(docs, meta, final))
-    if error:
-        raise TokenPrepError(error)
+    prep_run.raise_agreed(comm, local_errors(docs, meta, final), TokenPrepError)
     lengths = np.array([len(d) for d in docs], np.int64)
     n_tok, n_doc = int(lengths.sum()), len(docs)
     tok_start, doc_start = prep_run.exscan(comm, n_tok), prep_run.exscan(comm, n_doc)
