@@ -43,7 +43,6 @@ import h5py
 import numpy as np
 import torch
 
-from hpcdp.data import epochs as ep
 from hpcdp.data import partition as pt
 from hpcdp.data.assemble import Assembler, Plan, Recycler, RowMap
 from hpcdp.data.epochs import EpochReader
@@ -54,8 +53,6 @@ CONTIGUOUS_BLOCK_BYTES = 1 << 20
 WINDOW_BYTES = 4 << 20
 #: Environment switch for the mapped-file path ("0", "false", "no" or "off" turn it off).
 MMAP_ENV = "HPCDP_READER_MMAP"
-
-STATE_KEYS = ep.STATE_KEYS
 
 
 class ReaderError(ValueError):
