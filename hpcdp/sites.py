@@ -189,10 +189,10 @@ def merge(site: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
             merged[name] = (*value, *(mine or ()))
         elif name == "env":
             merged[name] = {**value, **(mine or {})}
-        elif name == "container":
-            merged[name] = containers.merge(value, mine)
-        elif mine is None:
+        elif mine is None and name != "container":
             merged[name] = value
+    if "container" in site or given.get("container") is not None:
+        merged["container"] = containers.merge(site.get("container"), given.get("container"))
     return merged
 
 
@@ -269,9 +269,7 @@ def apply(site: str | None, given: Mapping[str, Any],
           environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The render() options: the chosen profile's, the command line's on top."""
     chosen = choose(site, os.environ if environ is None else environ)
-    if chosen is None:
-        return dict(given)
-    return merge(to_options(load(chosen[1])), given)
+    return merge(to_options(load(chosen[1])) if chosen else {}, given)
 
 
 def main(argv: list[str] | None = None) -> int:

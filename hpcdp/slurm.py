@@ -286,8 +286,8 @@ srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overco
 command=("${launch_prefix[@]}" "$python" -m hpcdp.train "${train_args[@]}" "$@"
          "${signal_args[@]}")
 if (( ${#launch_prefix[@]} )) && ! command -v "${launch_prefix[0]}" > /dev/null; then
-  log "error: container runtime ${launch_prefix[0]} not found on $(hostname)" \
-      "(load its module in the site profile)"
+  log "error: container runtime ${launch_prefix[0]} not found on" \
+      "${SLURMD_NODENAME:-$HOSTNAME} (load its module in the site profile)"
   exit 2
 fi
 log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}:" \
