@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -80,7 +81,8 @@ case "$does" in
   wait-usr1)
     trap 'echo USR1 >> "$STANDIN/python.signals"; exit @EXIT_REQUEUE@' USR1
     touch "$STANDIN/python.started"
-    while :; do sleep 0.05; done ;;
+    for (( i = 0; i < 400; i++ )); do sleep 0.05; done
+    exit 3 ;;  # no signal came within 20 s
   exit*) exit "${does#exit}" ;;
 esac
 """.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
@@ -111,12 +113,19 @@ def start(tmp_path: Path, options: dict[str, Any], runtimes: tuple[str, ...],
     script.write_text(render(**options))
     folder = standins(tmp_path, runtimes)
     proc = subprocess.Popen(["bash", str(script), "optim.lr=0.1"], env=job_env(folder, **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     return proc, folder
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=60)
+    """The script's status and output; the script and its stand-ins ended after 60 s."""
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the batch script ran over 60 s:\n{out}")
     return proc.returncode, out
 
 
@@ -294,7 +303,7 @@ def test_signal_reaches_the_container_and_the_host_shell_requeues(tmp_path: Path
     while not (folder / "python.started").exists():
         assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[1]
         time.sleep(0.05)
-    proc.send_signal(10)  # SIGUSR1, as Slurm's --signal would send it
+    proc.send_signal(signal.SIGUSR1)  # as Slurm's --signal=B:USR1 would
     status, out = finish(proc)
     assert "batch shell got USR1; passing it to the ranks" in out
     assert (folder / "srun.signals").read_text().split() == ["USR1"]
