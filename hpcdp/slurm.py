@@ -139,9 +139,13 @@ def _launch(srun_options: object, container: object) -> list[str]:
     opts = _lines("srun_options", srun_options)
     for i, option in enumerate(opts):
         m = _OPTION.match(option)
-        if m is None or m["name"] in SRUN_MANAGED:
-            raise RenderError(f"srun_options[{i}] {option!r} is not a long srun option the "
-                              f"script leaves open (it sets {', '.join(SRUN_MANAGED)})")
+        if m is None:
+            raise RenderError(f"srun_options[{i}] {option!r} is not a long srun option "
+                              "like --cpu-bind=cores")
+        if m["name"] in SRUN_MANAGED:
+            hint = "; use srun_mpi" if m["name"] == "mpi" else ""
+            raise RenderError(f"srun_options[{i}] {option!r} repeats an option the script "
+                              f"sets itself ({', '.join(SRUN_MANAGED)}){hint}")
     try:
         box = None if container is None else containers.from_mapping(container)  # type: ignore[arg-type]
     except containers.ContainerError as e:

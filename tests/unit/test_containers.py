@@ -205,9 +205,12 @@ def test_merge_field_by_field_a_new_runtime_replaces() -> None:
 
 
 def test_srun_options_the_script_sets_are_refused() -> None:
-    with pytest.raises(RenderError, match=r"srun_options\[1\] '--mpi=pmix' is not a long srun"):
+    with pytest.raises(RenderError, match=r"srun_options\[1\] '--mpi=pmix' repeats an option "
+                                          r"the script sets itself \(.*\); use srun_mpi"):
         render(srun_options=["--cpu-bind=cores", "--mpi=pmix"])
-    with pytest.raises(RenderError, match="srun_options"):
+    with pytest.raises(RenderError, match="'--ntasks=2' repeats an option"):
+        render(srun_options=["--ntasks=2"])
+    with pytest.raises(RenderError, match="srun_options\\[0\\] 'cores' is not a long srun"):
         render(srun_options=["cores"])
 
 
