@@ -114,6 +114,10 @@ def from_mapping(data: Mapping[str, object], where: str = "container") -> Contai
     image = _text(f"{where}.image", data["image"])
     mounts = tuple(_mount(f"{where}.mounts[{i}]", m) for i, m in
                    enumerate(_texts(f"{where}.mounts", data.get("mounts", ()))))
+    if runtime == "shifter":
+        for i, mount in enumerate(mounts):
+            if ":" not in mount:
+                raise ContainerError(f"{where}.mounts[{i}] {mount!r}: shifter needs SRC:DST")
     options = _texts(f"{where}.options", data.get("options", ()))
     gpus = data.get("gpus")
     if gpus is not None:

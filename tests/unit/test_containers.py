@@ -181,6 +181,8 @@ def test_prefix_and_srun_options_per_runtime() -> None:
         ({"runtime": "apptainer", "image": "i", "options": ["rm -rf"]},
          "is not a apptainer option"),
         ({"runtime": "shifter", "image": "i\nj"}, "container.image must be one line"),
+        ({"runtime": "shifter", "image": "i", "mounts": ["/a:/b", "/c"]},
+         "container.mounts[1] '/c': shifter needs SRC:DST"),
     ],
 )
 def test_bad_settings_are_refused_by_name(data: dict[str, Any], message: str) -> None:
@@ -264,13 +266,13 @@ def test_site_container_and_the_command_lines_runtime(tmp_path: Path,
 
 @pytest.mark.parametrize("runtime", ["apptainer", "singularity", "shifter"])
 def test_prefix_runs_the_training_inside_under_srun(tmp_path: Path, runtime: str) -> None:
-    box = {"runtime": runtime, "image": "img", "mounts": ["/scratch"]}
+    box = {"runtime": runtime, "image": "img", "mounts": ["/scratch:/scratch"]}
     proc, folder = start(tmp_path, {"container": box, "env": {"FI_PROVIDER": "cxi"},
                                     "config": "my.toml"}, (runtime,))
     status, out = finish(proc)
     assert status == 0, out
     srun = recorded(folder, "srun")
-    inner = Container(runtime, "img", ("/scratch",)).prefix()
+    inner = Container(runtime, "img", ("/scratch:/scratch",)).prefix()
     # srun's options, then the runtime with its own, then the training command.
     command = [str(folder / "python"), "-m", "hpcdp.train", "--config", "my.toml",
                "optim.lr=0.1"]

@@ -179,6 +179,37 @@ def test_cluster_name_from_scontrol_show_config() -> None:
     assert sites.cluster_name({"SLURM_CLUSTER_NAME": "a"}, ask=lambda: "b") == "a"
 
 
+def test_cluster_name_asked_of_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a job, the name comes from `scontrol show config` (a stand-in here)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "scontrol").write_text('#!/bin/bash\n[[ "$*" == "show config" ]] || exit 1\n'
+                                     'echo "ClusterName             = ex9"\n')
+    (folder / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    assert sites.cluster_name({}) == "ex9"
+    mine = write(tmp_path / "cfg" / "hpcdp" / "sites", "ours", 'clusters = ["ex9"]')
+    assert sites.choose(None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}) == ("ours", mine)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert sites.cluster_name({}) is None
+
+
+def test_listing_and_showing_profiles(capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("HPCDP_SITE", raising=False)
+    assert sites.main([]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [(r[0], Path(r[1])) for r in rows] == [
+        (n, EXAMPLES / f"{n}.toml") for n in ("cray-ex", "infiniband", "workstation")]
+    assert rows[0][2].startswith("HPE Cray EX, Slingshot 11")
+    assert sites.main(["workstation"]) == 0
+    assert "srun.mpi = 'pmix'" in capsys.readouterr().out.splitlines()
+    assert sites.main(["nowhere"]) == 2
+    assert "hpcdp sites: unknown site 'nowhere'" in capsys.readouterr().err
+
+
 def test_cli_site_with_an_explicit_option_on_top(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPCDP_SITE", raising=False)
