@@ -65,6 +65,7 @@ OPTION = {
 LISTS = ("modules", "setup", "sbatch_options", "srun_options")
 _BIND = re.compile(r"^[A-Za-z0-9_.:,=+-]+\Z")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class SiteError(ValueError):
@@ -108,8 +109,10 @@ def _check(where: str, key: str, kind: str, value: object) -> object:
         if not isinstance(value, dict):
             raise _kind_error(where, key, kind, value)
         for name, item in value.items():
-            if isinstance(item, bool) or not isinstance(item, (str, int)):
-                raise _kind_error(where, f"{key}.{name}", "a string or an integer", item)
+            if not _ENV_NAME.match(name):
+                raise SiteError(f"{where}: {key}.{name!r} is not a shell variable name")
+            if isinstance(item, bool) or not isinstance(item, (str, int)) or "\n" in str(item):
+                raise _kind_error(where, f"{key}.{name}", "a one-line string or an integer", item)
         return {name: str(item) for name, item in value.items()}
     elif not isinstance(value, dict):
         raise _kind_error(where, key, kind, value)

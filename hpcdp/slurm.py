@@ -130,7 +130,7 @@ def _sbatch_option(index: int, option: str) -> str:
     return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={_q(value)}"
 
 
-def _launch(srun_options: object, container: object) -> list[str]:
+def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None) -> list[str]:
     """The script's srun_options and launch_prefix arrays: site options and a container.
 
     Always rendered, empty too, so that a variable of that name in the job's
@@ -147,7 +147,7 @@ def _launch(srun_options: object, container: object) -> list[str]:
             raise RenderError(f"srun_options[{i}] {option!r} repeats an option the script "
                               f"sets itself ({', '.join(SRUN_MANAGED)}){hint}")
     try:
-        box = None if container is None else containers.from_mapping(container)  # type: ignore[arg-type]
+        box = None if container is None else containers.from_mapping(container)
     except containers.ContainerError as e:
         raise RenderError(str(e)) from None
     prefix = box.prefix() if box else []
