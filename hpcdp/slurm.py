@@ -26,6 +26,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hpcdp import containers, sites
 from hpcdp.cliargs import parse_args
 from hpcdp.config import PreemptConfig
 from hpcdp.hvd_settings import RECOMMENDED
@@ -42,6 +43,9 @@ MANAGED = (
     "partition", "account", "qos", "constraint", "exclusive", "signal", "requeue",
     "open-mode", "output",
 )
+# srun options the training script sets itself; srun_options may not repeat them.
+SRUN_MANAGED = ("mpi", "ntasks", "ntasks-per-node", "cpus-per-task", "overcommit",
+                "kill-on-bad-exit")
 _TIME = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
     r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)\Z",
@@ -124,6 +128,32 @@ def _sbatch_option(index: int, option: str) -> str:
             f"use its {name.replace('-', '_')} argument"
         )
     return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={_q(value)}"
+
+
+def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None) -> list[str]:
+    """The script's srun_options and launch_prefix arrays: site options and a container.
+
+    Always rendered, empty too, so that a variable of that name in the job's
+    environment never reaches the srun line.
+    """
+    opts = _lines("srun_options", srun_options)
+    for i, option in enumerate(opts):
+        m = _OPTION.match(option)
+        if m is None:
+            raise RenderError(f"srun_options[{i}] {option!r} is not a long srun option "
+                              "like --cpu-bind=cores")
+        if m["name"] in SRUN_MANAGED:
+            hint = "; use srun_mpi" if m["name"] == "mpi" else ""
+            raise RenderError(f"srun_options[{i}] {option!r} repeats an option the script "
+                              f"sets itself ({', '.join(SRUN_MANAGED)}){hint}")
+    try:
+        box = None if container is None else containers.from_mapping(container)
+    except containers.ContainerError as e:
+        raise RenderError(str(e)) from None
+    prefix = box.prefix() if box else []
+    opts += box.srun_options() if box else []
+    return [f"srun_options=({' '.join(map(_q, opts))})",
+            f"launch_prefix=({' '.join(map(_q, prefix))})"]
 
 
 HEADER = """\
@@ -255,8 +285,15 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 
 read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
 srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
-           --kill-on-bad-exit=1 "${srun_extra[@]}")
-command=("$python" -m hpcdp.train "${train_args[@]}" "$@" "${signal_args[@]}")
+           --kill-on-bad-exit=1 "${srun_options[@]}" "${srun_extra[@]}")
+# A container wraps the command alone: this shell, which requeues, stays outside.
+command=("${launch_prefix[@]}" "$python" -m hpcdp.train "${train_args[@]}" "$@"
+         "${signal_args[@]}")
+if (( ${#launch_prefix[@]} )) && ! command -v "${launch_prefix[0]}" > /dev/null; then
+  log "error: container runtime ${launch_prefix[0]} not found on" \
+      "${SLURMD_NODENAME:-$HOSTNAME} (load its module in the site profile)"
+  exit 2
+fi
 log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}:" \
     "$ntasks ranks, $nodes node(s), $gpus GPU(s)/node, $cpus_per_task CPU(s)/rank," \
     "MPI plugin ${HPCDP_SRUN_MPI:-of the site}"
@@ -347,6 +384,8 @@ def render(
     env: Mapping[str, str] | None = None,
     venv: str | None = None,
     srun_mpi: str | None = None,
+    srun_options: Sequence[str] = (),
+    container: Mapping[str, object] | None = None,
     config: str | None = None,
     overrides: Sequence[str] = (),
 ) -> str:
@@ -360,6 +399,8 @@ def render(
     its preempt.signals. sbatch_options: further `--name=value` options. modules
     (to `module load`), setup (shell lines), env (exports), venv: the
     environment. srun_mpi: srun's --mpi plugin (default: the site's MpiDefault).
+    srun_options: more srun options (binding, say). container: settings for
+    hpcdp.containers (runtime, image, mounts, gpus, options) to run each rank in.
     config and overrides (`key.sub=value`): the training run; arguments given
     to sbatch after the script are appended to them.
     """
@@ -434,6 +475,7 @@ def render(
             raise RenderError(f"srun_mpi {srun_mpi!r} is not an MPI plugin name like pmix "
                               "(see `srun --mpi=list`)")
         body.append(f"export HPCDP_SRUN_MPI={srun_mpi}")
+    body += _launch(srun_options, container)
     if signal not in PreemptConfig().signals:
         # After the sbatch arguments, so that none of them is taken for an option value.
         body.append(_q(f'preempt.signals=["{signal}","TERM"]').join(("signal_args=(", ")")))
@@ -509,6 +551,7 @@ HELP = {
     "env": "variable to export",
     "venv": "virtual environment to activate",
     "srun_mpi": "srun --mpi plugin (default: the site's MpiDefault; see srun --mpi=list)",
+    "srun_options": "another srun option, e.g. --srun-options=--cpu-bind=cores",
     "config": "training config file (TOML)",
 }
 
@@ -550,7 +593,13 @@ def _parser() -> argparse.ArgumentParser:
         # No abbreviations: an unknown option must fail, not match a longer one.
         p = sub.add_parser(action, help=help_, allow_abbrev=False)
         for name, param in inspect.signature(render).parameters.items():
-            _add_option(p, name, param, hints[name])
+            if name == "container":
+                containers.add_arguments(p)
+            else:
+                _add_option(p, name, param, hints[name])
+        p.add_argument("--site", help="site profile: a name (python -m hpcdp.sites lists "
+                                      "them), a .toml file, or none (default: HPCDP_SITE, "
+                                      "else the profile that claims this cluster)")
         if action == "render":
             p.add_argument("--out", help="write the script here instead of stdout (an "
                                          "existing file only with --overwrite)")
@@ -593,7 +642,7 @@ def write_script(path: str, script: str) -> None:
 def _options(ns: argparse.Namespace) -> dict[str, object]:
     opts: dict[str, object] = {}
     for name in option_names():
-        value = getattr(ns, name)
+        value = containers.from_args(ns) if name == "container" else getattr(ns, name)
         if name == "env" and value is not None:
             pairs: dict[str, str] = {}
             for item in value:
@@ -604,7 +653,7 @@ def _options(ns: argparse.Namespace) -> dict[str, object]:
             value = pairs
         elif isinstance(value, list):
             value = tuple(value)
-        if value is None and name in ("sbatch_options", "modules", "setup"):
+        if value is None and name in ("sbatch_options", "modules", "setup", "srun_options"):
             continue
         opts[name] = value
     return opts
@@ -616,10 +665,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if target is not None:
             check_target(flag, target, ns.overwrite)
-        script = render_options(_options(ns))
+        script = render_options(sites.apply(ns.site, _options(ns)))
         if target is not None:
             write_script(target, script)
-    except RenderError as e:
+    except (RenderError, sites.SiteError) as e:
         print(f"hpcdp slurm {ns.action}: {e}", file=sys.stderr)
         return 2
     except OSError as e:

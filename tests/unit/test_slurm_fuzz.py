@@ -76,7 +76,8 @@ def test_known_bad_options(options: dict[str, Any], needle: str) -> None:
 FLAGS = ["--nodes", "--gpus-per-node", "--ntasks-per-node", "--cpus-per-task", "--time",
          "--partition", "--job-name", "--output", "--signal", "--signal-lead",
          "--sbatch-options", "--modules", "--setup", "--env", "--venv", "--config",
-         "--exclusive", "--no-exclusive", "--bogus", "-x"]
+         "--exclusive", "--no-exclusive", "--bogus", "-x", "--site", "--srun-options",
+         "--container-runtime", "--container-image", "--container-mounts"]
 ARG = st.one_of(TEXT.filter(lambda t: "\0" not in t), st.sampled_from(["--", "-1", "0", "=1"]))
 
 
