@@ -131,6 +131,8 @@ def scontrol_fallback(text: str) -> str:
             name, sep, value = item.partition("=")
             if sep and name not in info:
                 info[name] = value
+        if "ArrayTaskId" in info:  # an array task's own JobId means little to its user
+            info["JobId"] = f"{info['ArrayJobId']}_{info['ArrayTaskId']}"
         if "JobId" in info:
             rows.append(tuple(info.get(k, "") for k in keys))
     if len(rows) == 1:

@@ -124,9 +124,10 @@ def read_toml(path: Path) -> list[OverrideSet]:
         raise SweepError(f"sweep file {path}: not valid TOML: {e}") from None
     unknown = sorted(set(data) - {"task", "grid"})
     if unknown or ("task" in data) == ("grid" in data):
+        what = "both" if "task" in data and "grid" in data else "neither"
         raise SweepError(f"sweep file {path}: expected [[task]] tables (one override set "
-                         "each) or one [grid] table of lists, not both"
-                         + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+                         f"each) or one [grid] table of lists; found {what}"
+                         + (f", and unknown: {', '.join(unknown)}" if unknown else ""))
     if "grid" in data:
         return grid(flatten(data["grid"], f"sweep file {path} [grid]"), f"sweep file {path}")
     if not isinstance(data["task"], list):
@@ -163,6 +164,8 @@ def read_sets(path: str | None, grid_opts: Sequence[str]) -> tuple[list[Override
     """The override sets and where they came from: a TOML/CSV file or --grid options."""
     if path is not None and grid_opts:
         raise SweepError("give either --array FILE or --grid options, not both")
+    if path is None and not grid_opts:
+        raise SweepError("a sweep needs --array FILE or --grid key=v1,v2 options")
     if path is None:
         sets, source = grid_options(grid_opts), "--grid " + " --grid ".join(grid_opts)
     else:
