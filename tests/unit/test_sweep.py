@@ -128,7 +128,7 @@ def test_overrides_read_back_as_the_values_they_came_from() -> None:
 
 
 def test_each_array_task_takes_its_own_set_and_run_folder(tmp_path: Path) -> None:
-    sets = [{"optim.lr": 0.1}, {"optim.lr": 0.2, "run.seed": 7}]
+    sets = [{"optim.lr": 0.1}, {"optim.lr": 0.2, "run.seed": 7}, {"optim.lr": 0.4}]
     data = sweep.record(sets, "s.toml", tmp_path / "sw")
     path = sweep.save(tmp_path / "sw", data)
     assert sweep.save(tmp_path / "sw", data) == path  # the same sweep again: fine
@@ -140,7 +140,7 @@ def test_each_array_task_takes_its_own_set_and_run_folder(tmp_path: Path) -> Non
     cfg = build(DIGITS, ["optim.lr=0.5", *sweep.task_overrides(env)], {})
     assert (cfg.optim.lr, cfg.run.seed, cfg.run_dir) == (0.2, 7, tmp_path / "sw" / "task-1")
     assert sweep.task_overrides({}) == []
-    for bad, message in (({"SLURM_ARRAY_TASK_ID": "2"}, "has 2 task"),
+    for bad, message in (({"SLURM_ARRAY_TASK_ID": "3"}, "has 3 task"),
                          ({"SLURM_ARRAY_TASK_ID": ""}, "SLURM_ARRAY_TASK_ID is not set"),
                          ({"HPCDP_SWEEP": str(tmp_path)}, "cannot be read"),
                          ({"HPCDP_SWEEP": DIGITS}, "not a sweep written by hpcdp")):
