@@ -149,6 +149,18 @@ def prep_args(ns: argparse.Namespace, options: Mapping[str, object]) -> list[str
     return args
 
 
+def _check_sbatch_options(options: Mapping[str, object], ns: argparse.Namespace) -> None:
+    """--sbatch-options may not set what this submission sets itself."""
+    owned = {"array": ns.array or ns.grid,
+             "dependency": ns.prep or ns.after or ns.segments,
+             "no-requeue": ns.segments}
+    for option in options.get("sbatch_options") or ():  # type: ignore[attr-defined]
+        name = str(option).lstrip("-").split("=", 1)[0]
+        if owned.get(name):
+            raise RenderError(f"--sbatch-options={option}: this submission sets --{name} "
+                              "itself (see --array/--grid, --prep, --after, --segments)")
+
+
 # ---- submitting ------------------------------------------------------------------------
 
 
@@ -164,6 +176,7 @@ def run_submit(ns: argparse.Namespace, options: dict[str, object]) -> int:
             if options.get("job_name") == "hpcdp-train":
                 raise RenderError("--segments: give the chain its own --job-name; singleton "
                                   "waits for every job of yours with the same name")
+        _check_sbatch_options(options, ns)
         record, array = None, []
         if ns.array or ns.grid:
             record, array = plan_sweep(ns, options)

@@ -206,3 +206,17 @@ def test_sweep_after_prep_and_save(standin: Path, tmp_path: Path,
     code, _, err = submit(capsys, "--grid", "run.seed=1", "--sweep-dir", str(tmp_path / "sw"),
                           "--config", DIGITS)
     assert code == 2 and "already holds another sweep" in err
+
+
+def test_sbatch_options_may_not_repeat_what_the_chain_sets(
+        standin: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--grid", "run.seed=1,2", "--sweep-dir", str(tmp_path / "sw"),
+                  "--sbatch-options=--array=0-9"],
+                 ["--after", "5", "--sbatch-options=--dependency=afterany:4"]):
+        code, _, err = submit(capsys, *argv, "--config", DIGITS)
+        assert code == 2 and "sets --" in err, err
+    assert calls(standin) == []
+    # Options the chain does not set pass through.
+    code, _, err = submit(capsys, "--after", "5", "--sbatch-options=--mem=1G", "--config", DIGITS)
+    assert code == 0, err
+    assert "#SBATCH --mem=1G" in calls(standin)[0][1]
