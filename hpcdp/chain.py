@@ -17,11 +17,13 @@ one fails is named, so nothing is left running unknown.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpcdp import jobstatus, slurm, sweep
 from hpcdp.slurm import RenderError
@@ -95,22 +97,44 @@ def array_option(count: int, throttle: int | None) -> str:
     return f"--array=0-{count - 1}" + (f"%{throttle}" if throttle else "")
 
 
-def plan_sweep(ns: argparse.Namespace, options: dict[str, object]) -> tuple[dict, list[str]]:
-    """Check the sweep; set the sweep's env, log path and array option. (record, args)"""
+def build_config(path: str | None, overrides: Sequence[str],
+                 environ: Mapping[str, str]) -> Any:
+    """config.build with the tasks' defaults, as `hpcdp train` builds it."""
+    from hpcdp import config as cfgmod
+    from hpcdp import tasks
+
+    return cfgmod.build(path, list(overrides), tasks.defaults, environ=environ)
+
+
+def _config_and_overrides(options: Mapping[str, object]) -> tuple[str | None, list[str]]:
+    config = options.get("config")
+    overrides = options.get("overrides") or ()
+    return (config if isinstance(config, str) else None,
+            [str(o) for o in overrides])  # type: ignore[attr-defined]
+
+
+def check_training(options: Mapping[str, object]) -> None:
+    """The training's config, built before a chain submits anything (its data may not
+    exist yet: missing paths are fine; the job's variables stand in)."""
+    from hpcdp.config import ConfigError
+
+    config, overrides = _config_and_overrides(options)
+    try:
+        build_config(config, overrides, {**os.environ, **dict.fromkeys(sweep.JOB_VARS, "0")})
+    except ConfigError as e:
+        raise RenderError(f"the training's config: {e}") from None
+
+
+def plan_sweep(ns: argparse.Namespace,
+               options: dict[str, object]) -> tuple[Path, dict[str, Any], list[str]]:
+    """Check the sweep; set its env and log path. (sweep folder, sweep.json, sbatch args)"""
     if not ns.sweep_dir:
         raise RenderError("--sweep-dir is needed with --array/--grid: the folder for "
                           "sweep.json, the logs and one run folder per task")
     sweep_dir = Path(ns.sweep_dir).resolve()
     sets, source = sweep.read_sets(ns.array, ns.grid or [])
-    from hpcdp import config as cfgmod
-    from hpcdp import tasks
-
-    def build(path: str | None, overrides: Sequence[str], environ: Mapping[str, str]):
-        return cfgmod.build(path, list(overrides), tasks.defaults, environ=environ)
-
-    config = options.get("config")
-    sweep.check(sets, source, config if isinstance(config, str) else None,
-                [str(o) for o in options.get("overrides") or ()], sweep_dir, build)
+    config, overrides = _config_and_overrides(options)
+    sweep.check(sets, source, config, overrides, sweep_dir, build_config)
     env = dict(options.get("env") or {})  # type: ignore[call-overload]
     if sweep.ENV in env:
         raise RenderError(f"--env {sweep.ENV}=... is set by the sweep itself")
@@ -122,7 +146,8 @@ def plan_sweep(ns: argparse.Namespace, options: dict[str, object]) -> tuple[dict
     elif "%a" not in str(output):
         raise RenderError(f"--output {output!r}: array tasks would share one log; "
                           "include %a (the task) and %A (the array)")
-    return sweep.record(sets, source, sweep_dir), [array_option(len(sets), ns.throttle)]
+    record = sweep.record(sets, source, sweep_dir)
+    return sweep_dir, record, [array_option(len(sets), ns.throttle)]
 
 
 def prep_script(args: str) -> str:
@@ -177,15 +202,17 @@ def run_submit(ns: argparse.Namespace, options: dict[str, object]) -> int:
                 raise RenderError("--segments: give the chain its own --job-name; singleton "
                                   "waits for every job of yours with the same name")
         _check_sbatch_options(options, ns)
-        record, array = None, []
+        sweep_dir, record, array = None, None, []
         if ns.array or ns.grid:
-            record, array = plan_sweep(ns, options)
+            sweep_dir, record, array = plan_sweep(ns, options)
         elif ns.throttle is not None or ns.sweep_dir:
             raise RenderError("--throttle and --sweep-dir go with a sweep (--array or --grid)")
+        else:
+            check_training(options)
         prep = (prep_script(ns.prep), prep_args(ns, options)) if ns.prep else None
         script = slurm.render_options(options)
-        if record is not None:
-            sweep.save(Path(record["tasks"][0]["run_dir"]).parent, record)
+        if sweep_dir is not None and record is not None:
+            sweep.save(sweep_dir, record)
         if ns.save is not None:
             slurm.write_script(ns.save, script)
     except (RenderError, sweep.SweepError) as e:

@@ -220,3 +220,15 @@ def test_sbatch_options_may_not_repeat_what_the_chain_sets(
     code, _, err = submit(capsys, "--after", "5", "--sbatch-options=--mem=1G", "--config", DIGITS)
     assert code == 0, err
     assert "#SBATCH --mem=1G" in calls(standin)[0][1]
+
+
+def test_a_chains_training_config_is_checked_before_sbatch(
+        standin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = submit(capsys, "--prep", "digits --out d", "--config", DIGITS,
+                          "optim.lr=fast")
+    assert code == 2, err
+    assert "the training's config: optim.lr: expected float, got str 'fast'" in err
+    code, _, err = submit(capsys, "--segments", "2", "--job-name", "x", "--config", DIGITS,
+                          "checkpoint.dir=/ck/${SLURM_JOB_ID}")  # a job variable: fine
+    assert code == 0, err
+    assert len(calls(standin)) == 2
