@@ -41,6 +41,9 @@ def test_array_tasks_failures_and_segments() -> None:
     lines = jobstatus.report(jobstatus.parse(recorded("array.txt"))).splitlines()
     assert "job 3_0 (lr-sweep): COMPLETED, 0 restart(s)" in lines
     assert "job 3_1 (lr-sweep): COMPLETED, 0 restart(s)" in lines
+    lines = jobstatus.report(jobstatus.parse(recorded("prep.txt"))).splitlines()
+    assert lines[0] == "job 1 (hpcdp-prep): COMPLETED, 0 restart(s)"
+    assert [line.split()[1] for line in lines[2:]] == ["job", "batch", "0"]
     lines = jobstatus.report(jobstatus.parse(recorded("failed.txt"))).splitlines()
     assert lines[0] == "job 5 (fails): FAILED, 0 restart(s)"
     assert lines[2].split() == ["0", "job", "FAILED", "00:00:00", "3:0", "node2"]
