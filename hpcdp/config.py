@@ -397,12 +397,15 @@ def load_file(path: str | Path) -> dict[str, Any]:
 TaskDefaults = Callable[[str], Mapping[str, Mapping[str, Any]]]
 
 
-def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-          task_defaults: TaskDefaults | None = None) -> Config:
+def build(path: str | Path | None = None, overrides: Sequence[str] = (),
+          task_defaults: TaskDefaults | None = None,
+          environ: Mapping[str, str] | None = None) -> Config:
     """Defaults, then the task's defaults, then the file, then the overrides; then checks.
 
     `task_defaults(name)` gives the chosen task's own defaults for any section
-    (hpcdp.tasks.defaults); the task is named by the file or an override.
+    (hpcdp.tasks.defaults); the task is named by the file or an override. `environ`
+    (default: os.environ) expands `${NAME}` in paths: a submission checks the config
+    with the job's variables standing in.
     """
     cfg = Config()
     if path is not None and not isinstance(path, (str, os.PathLike)):
@@ -417,7 +420,7 @@ def build(path: str | Path | None = None, overrides: list[str] | tuple[str, ...]
         apply_mapping(cfg, mapping, f"in {str(path)!r}")
     for text, sec, key, value in parsed:
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
-    expand_paths(cfg, os.environ)
+    expand_paths(cfg, os.environ if environ is None else environ)
     validate(cfg)
     check_paths(cfg)
     return cfg

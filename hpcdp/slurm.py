@@ -584,6 +584,7 @@ def _add_option(parser: argparse.ArgumentParser, name: str, param: inspect.Param
 
 
 def _parser() -> argparse.ArgumentParser:
+    from hpcdp import chain  # sweeps, chains, status: chain imports this module
     parser = argparse.ArgumentParser(prog="hpcdp slurm", description=__doc__.split("\n\n")[0],
                                      allow_abbrev=False)
     sub = parser.add_subparsers(dest="action", required=True)
@@ -606,8 +607,10 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--save", help="also write the submitted script here (an "
                                           "existing file only with --overwrite)")
+            chain.add_submit_options(p)
         p.add_argument("--overwrite", action="store_true",
                        help="replace the file --out/--save names if it exists")
+    chain.add_parsers(sub)  # status, collect
     return parser
 
 
@@ -661,6 +664,19 @@ def _options(ns: argparse.Namespace) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(_parser(), sys.argv[1:] if argv is None else argv)
+    from hpcdp import chain
+
+    if ns.action == "status":
+        return chain.run_status(ns)
+    if ns.action == "collect":
+        return chain.run_collect(ns)
+    if ns.action == "submit" and chain.wanted(ns):
+        try:
+            options = _options(ns)
+        except RenderError as e:
+            print(f"hpcdp slurm submit: {e}", file=sys.stderr)
+            return 2
+        return chain.run_submit(ns, options)
     flag, target = ("--out", ns.out) if ns.action == "render" else ("--save", ns.save)
     try:
         if target is not None:

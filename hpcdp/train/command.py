@@ -8,10 +8,11 @@ config, model name or fault spec fails alike on every rank.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from hpcdp import config as cfgmod
-from hpcdp import faults, tasks
+from hpcdp import faults, sweep, tasks
 from hpcdp.config import Config, ConfigError
 from hpcdp.crash import report_crashes
 
@@ -28,7 +29,9 @@ def parse_args(argv: list[str] | None) -> tuple[Config, bool]:
     p.add_argument("--print-config", action="store_true", help="print the effective config, exit")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = p.parse_args(argv)
-    return cfgmod.build(args.config, args.overrides, tasks.defaults), args.print_config
+    # An array task of a sweep (HPCDP_SWEEP): its own override set and run folder, last.
+    overrides = [*args.overrides, *sweep.task_overrides(os.environ)]
+    return cfgmod.build(args.config, overrides, tasks.defaults), args.print_config
 
 
 def main(argv: list[str] | None = None) -> int:
