@@ -1,7 +1,8 @@
 """Sharded HDF5 data: preparation (`prep`, `sources`), the epoch layout (`partition`),
 and the readers (`reader`, `assemble`; `slices` for evaluation); token streams for
 language models: the format (`tokens`), their preparation (`token_writer`, `text_prep`,
-`tokenizer`, `markov`, `markov_prep`) and the window reader (`token_reader`).
+`tokenizer`, `markov`, `markov_prep`) and the window reader (`token_reader`); node-local
+copies of the data (`staging`, pure, and `stage_copy`).
 
 Nothing is imported here, so `hpcdp prep` and `hpcdp.data.partition` load
 without PyTorch; import `hpcdp.data.reader` for `ShardedReader` and
