@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from hpcdp import dist, watchdog
@@ -34,6 +35,13 @@ from hpcdp.data.staging import (
 from hpcdp.placement import node_name
 
 log = logging.getLogger("hpcdp.train")
+#: Test aid: the node name staging groups this rank by, in place of Slurm's or the host's
+#: (so ranks on one machine can play separate nodes without upsetting placement checks).
+NODE_ENV = "HPCDP_STAGE_NODE"
+
+
+def staging_node(environ: Mapping[str, str]) -> str:
+    return environ.get(NODE_ENV) or node_name(environ, socket.gethostname())
 
 
 def unstaged_paths(cfg: Config) -> dict[str, dict[str, str]]:
@@ -78,7 +86,7 @@ def stage(cfg: Config, failed_before: bool = False) -> tuple[Config, dict[str, d
     if not cfg.data.stage_dir:
         return cfg, unstaged_paths(cfg)
     rank = dist.rank()
-    node = node_name(os.environ, socket.gethostname())
+    node = staging_node(os.environ)
     watchdog.phase("data staging")
     folder, error = local_check(cfg)
     with watchdog.waiting("allgather hpcdp.stage.check"):
