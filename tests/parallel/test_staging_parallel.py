@@ -35,15 +35,21 @@ def args(data: Path, run: Path, stage_dir: str, *extra: str) -> list[str]:
             "log.progress=false", "checkpoint.every_steps=0", "run.epochs=1", *extra]
 
 
-def staged(folder: Path) -> bool:
-    return all((folder / f"{n}.hpcdp-stage.json").exists() for n in ("train.h5", "val.h5"))
+def validated(run_dir: Path) -> bool:
+    """Whether the first epoch's validation is recorded (the run is in the pause after it)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any('"kind": "val"' in line for line in lines)
 
 
 def test_each_node_copies_and_a_second_epoch_reads_nothing_shared(ranks, data: Path,
                                                                     tmp_path: Path) -> None:
-    """Once both nodes have staged, the shared files are cut to 0 bytes in place: any read
-    of them after that (an open file, a mapping, a new open) fails the run. Every rank
-    pauses 3 s before the second epoch's first step, so the cut lands before it."""
+    """Every rank pauses 3 s before the second epoch's first step; in that pause (the
+    first epoch's validation recorded) the shared files are cut to 0 bytes in place, so
+    a read of them in the second epoch, through a file or mapping the readers hold open
+    or a new open, fails the run."""
     original = {n: (data / n).read_bytes() for n in ("train.h5", "val.h5")}
     folders = [tmp_path / "local" / f"stage-fake-{r}" for r in range(2)]
     (tmp_path / "local").mkdir()
@@ -57,9 +63,9 @@ def test_each_node_copies_and_a_second_epoch_reads_nothing_shared(ranks, data: P
         env={"HPCDP_FAULT": f"stall:step={STEPS_PER_EPOCH}:seconds=3"})))
     job.start()
     deadline = time.monotonic() + 100
-    while not all(staged(f) for f in folders) and job.is_alive() and time.monotonic() < deadline:
+    while not validated(run_dir) and job.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    cut_while_running = job.is_alive() and all(staged(f) for f in folders)
+    cut_while_running = job.is_alive() and validated(run_dir)
     for name in original:
         with (data / name).open("r+b") as f:
             f.truncate(0)

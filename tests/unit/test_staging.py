@@ -178,3 +178,14 @@ def test_a_dead_copiers_temporary_is_removed(shared: Path, tmp_path: Path) -> No
     leftover.write_bytes(b"half")
     stage_copy.stage_node("n1", str(local), str(shared), NAMES)
     assert not leftover.exists()
+
+
+def test_a_copy_that_does_not_read_back_is_refused(shared: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-read digest differs (a bad write): nothing is renamed into place or vouched for."""
+    local = tmp_path / "local"
+    local.mkdir()
+    monkeypatch.setattr(stage_copy, "digest_of", lambda path, drop_cache=False: "0" * 128)
+    with pytest.raises(StageError, match="does not read back"):
+        stage_copy.stage_node("n1", str(local), str(shared), NAMES)
+    assert list(local.iterdir()) == []
