@@ -184,8 +184,3 @@ def copy_errors(results: Sequence[NodeResult | str | None]) -> str | None:
     """The copiers' failures (a str in place of a result), or None."""
     bad = [r for r in results if isinstance(r, str)]
     return "data staging failed: " + "; ".join(bad) if bad else None
-
-
-def paths_read(results: Sequence[NodeResult]) -> dict[str, dict[str, str]]:
-    """{node: {role: path}} for summary.json."""
-    return {r.node: {f.role: f.path for f in r.files} for r in results}

@@ -88,21 +88,24 @@ def start(cfg: Config, task: Task) -> setup.Run:
         device, error = torch.device("cpu"), str(e)
     dist.print_identity(device)
     error = error or dist.placement_error(device)              # collective: hpcdp.placement
-    read_cfg, paths_read = staging.stage(cfg, error is not None)  # collective: hpcdp.stage.*
+    read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
     if error is None:
         try:
             run = setup.build(read_cfg, task, rank, size, device)
             # The readers keep the staged paths; the run (its config.toml, checkpoints and
             # a resume elsewhere) keeps the configured data.path.
-            run.cfg, run.data_paths_read = cfg, paths_read
+            run.cfg = cfg
         except Exception as e:  # noqa: BLE001 - any setup failure is reported on all ranks
             error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
     dist.agree(error, "setup")                                  # collective: hpcdp.agree.setup
     assert run is not None
-    steps = dist.allgather_object(run.train_reader.steps_per_epoch, "hpcdp.steps")  # collective
-    uneven = setup.uneven_steps_error(steps)
+    mine = (run.train_reader.steps_per_epoch, staging.staging_node(os.environ),
+            staging.read_paths(read_cfg))
+    gathered = dist.allgather_object(mine, "hpcdp.steps")      # collective: hpcdp.steps
+    uneven = setup.uneven_steps_error([steps for steps, _, _ in gathered])
     if uneven:
         raise dist.AgreedError(uneven)
+    run.data_paths_read = {node: paths for _, node, paths in gathered}
     return run
 
 

@@ -47,8 +47,8 @@ class Run:
     schedule: sched.Schedule
     steps_per_epoch: int
     total_steps: int
-    # {node: {"train": path, "val": path}} the readers opened ("*": every node), for the
-    # summary; data.stage_dir makes them node-local copies (hpcdp.train.staging)
+    # {node: {"train": path, "val": path}} the readers opened, for the summary;
+    # data.stage_dir makes them node-local copies (hpcdp.train.staging)
     data_paths_read: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property

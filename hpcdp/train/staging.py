@@ -30,7 +30,6 @@ from hpcdp.data.staging import (
     copy_errors,
     expand,
     node_errors,
-    paths_read,
 )
 from hpcdp.placement import node_name
 
@@ -44,11 +43,11 @@ def staging_node(environ: Mapping[str, str]) -> str:
     return environ.get(NODE_ENV) or node_name(environ, socket.gethostname())
 
 
-def unstaged_paths(cfg: Config) -> dict[str, dict[str, str]]:
-    """data_paths_read when nothing is staged: every node ("*") reads data.path."""
+def read_paths(cfg: Config) -> dict[str, str]:
+    """The files the readers of `cfg` open: {"train": path, "val": path}."""
     root = cfg.data.path
-    return {"*": {"train": os.path.join(root, cfg.data.train_file),
-                  "val": os.path.join(root, cfg.data.val_file)}}
+    return {"train": os.path.join(root, cfg.data.train_file),
+            "val": os.path.join(root, cfg.data.val_file)}
 
 
 def local_check(cfg: Config) -> tuple[str | None, str | None]:
@@ -76,15 +75,15 @@ def copy_on_node(cfg: Config, node: str, folder: str) -> NodeResult | str:
         return f"{node}: copying to {folder}: {e}"
 
 
-def stage(cfg: Config, failed_before: bool = False) -> tuple[Config, dict[str, dict[str, str]]]:
-    """Collective when data.stage_dir is set: (the config the readers use, paths read).
+def stage(cfg: Config, failed_before: bool = False) -> Config:
+    """Collective when data.stage_dir is set: the config the readers use.
 
     The config returned differs from `cfg` only in data.path: this node's stage dir,
     or data.path itself where the node reads in place. `failed_before`: this rank
     already failed (its error is agreed on next); then no node copies anything.
     """
     if not cfg.data.stage_dir:
-        return cfg, unstaged_paths(cfg)
+        return cfg
     rank = dist.rank()
     node = staging_node(os.environ)
     watchdog.phase("data staging")
@@ -93,7 +92,7 @@ def stage(cfg: Config, failed_before: bool = False) -> tuple[Config, dict[str, d
         checks = dist.allgather_object((node, folder, error, failed_before),
                                        "hpcdp.stage.check")
     if any(c[3] for c in checks):
-        return cfg, unstaged_paths(cfg)
+        return cfg
     nodes = [c[0] for c in checks]
     problem = node_errors(nodes, [c[1] for c in checks], [c[2] for c in checks])
     if problem:
@@ -112,5 +111,4 @@ def stage(cfg: Config, failed_before: bool = False) -> tuple[Config, dict[str, d
             (log.warning if result.warning else log.info)(result.warning or result.describe())
     here = results[copiers[node]]
     assert isinstance(here, NodeResult)
-    return (dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=here.read_root)),
-            paths_read(done))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=here.read_root))
