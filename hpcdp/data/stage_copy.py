@@ -53,6 +53,12 @@ def check_dir(folder: str) -> None:
         raise StageError(f"stage dir {folder} is not writable: {e.strerror}") from None
 
 
+def check_not_source(folder: str, data_root: str) -> None:
+    """A copy onto its own source would delete the data it is about to read."""
+    if os.path.realpath(folder) == os.path.realpath(data_root):
+        raise StageError(f"data.stage_dir {folder} is data.path itself")
+
+
 def check_sources(sources: Mapping[str, Path]) -> None:
     for role, path in sources.items():
         if not path.is_file():

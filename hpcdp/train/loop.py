@@ -91,10 +91,9 @@ def start(cfg: Config, task: Task) -> setup.Run:
     read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
     if error is None:
         try:
+            # Everything from here on (readers, the task's own reads, config.toml) sees
+            # data.path as read: this node's stage dir when the data was staged.
             run = setup.build(read_cfg, task, rank, size, device)
-            # The readers keep the staged paths; the run (its config.toml, checkpoints and
-            # a resume elsewhere) keeps the configured data.path.
-            run.cfg = cfg
         except Exception as e:  # noqa: BLE001 - any setup failure is reported on all ranks
             error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
     dist.agree(error, "setup")                                  # collective: hpcdp.agree.setup

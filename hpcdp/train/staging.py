@@ -54,6 +54,7 @@ def local_check(cfg: Config) -> tuple[str | None, str | None]:
     """(this node's stage dir, None) or (None, why it cannot be used): no collective."""
     try:
         folder = expand(cfg.data.stage_dir, os.environ)
+        stage_copy.check_not_source(folder, cfg.data.path)
         stage_copy.check_dir(folder)
         stage_copy.check_sources(sources(cfg))
     except StageError as e:
@@ -106,9 +107,8 @@ def stage(cfg: Config, failed_before: bool = False) -> Config:
     if failed:
         raise dist.AgreedError(failed)
     done: list[NodeResult] = [r for r in results if isinstance(r, NodeResult)]
-    for result in done:
-        if rank == 0:
-            (log.warning if result.warning else log.info)(result.warning or result.describe())
+    for result in done if rank == 0 else []:
+        (log.warning if result.warning else log.info)(result.warning or result.describe())
     here = results[copiers[node]]
     assert isinstance(here, NodeResult)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=here.read_root))

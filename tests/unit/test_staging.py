@@ -189,3 +189,9 @@ def test_a_copy_that_does_not_read_back_is_refused(shared: Path, tmp_path: Path,
     with pytest.raises(StageError, match="does not read back"):
         stage_copy.stage_node("n1", str(local), str(shared), NAMES)
     assert list(local.iterdir()) == []
+
+
+def test_a_stage_dir_that_is_the_source_folder_is_refused(shared: Path) -> None:
+    with pytest.raises(StageError, match="is data.path itself"):
+        stage_copy.check_not_source(str(shared / "sub" / ".."), str(shared))
+    stage_copy.check_not_source(str(shared / "sub"), str(shared))
