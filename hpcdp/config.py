@@ -67,6 +67,7 @@ class DataConfig:
     window_samples: int = 0  # shuffle window; 0: the reader's default
     virtual_shards: int = 0  # 0: the reader's default
     prefetch: int = 2  # batches read ahead by the background thread
+    stage_dir: str = ""  # node-local copy read instead of data.path ($VAR per node); empty: off
 
 
 @dataclass
@@ -574,10 +575,24 @@ def _validate_more(cfg: Config) -> None:
         sec, attr = key.split(".")
         if not getattr(getattr(cfg, sec), attr):
             raise ConfigError(f"{key} must not be empty")
-    for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline"):
+    _validate_staging(cfg)
+    for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline",
+                "data.stage_dir"):
         sec, attr = key.split(".")
         if "\0" in getattr(getattr(cfg, sec), attr):
             raise ConfigError(f"{key} must not hold a NUL character")
+
+
+def _validate_staging(cfg: Config) -> None:
+    """File names that keep their copies inside data.stage_dir (expanded later, per node)."""
+    if not cfg.data.stage_dir:
+        return
+    from hpcdp.data.staging import name_error
+
+    for key in ("data.train_file", "data.val_file"):
+        error = name_error(key, getattr(cfg.data, key.split(".")[1]))
+        if error:
+            raise ConfigError(error)
 
 
 def _validate_optim(cfg: Config) -> None:

@@ -26,7 +26,7 @@ from hpcdp import dist, watchdog
 from hpcdp.config import Config
 from hpcdp.metrics import Reporter, StepTimes, rank_spread, setup_logging, spread_text
 from hpcdp.tasks import Task
-from hpcdp.train import setup
+from hpcdp.train import setup, staging
 from hpcdp.train.checkpoints import CheckpointManager, TrainState
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
@@ -88,17 +88,23 @@ def start(cfg: Config, task: Task) -> setup.Run:
         device, error = torch.device("cpu"), str(e)
     dist.print_identity(device)
     error = error or dist.placement_error(device)              # collective: hpcdp.placement
+    read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
     if error is None:
         try:
-            run = setup.build(cfg, task, rank, size, device)
+            # Everything from here on (readers, the task's own reads, config.toml) sees
+            # data.path as read: this node's stage dir when the data was staged.
+            run = setup.build(read_cfg, task, rank, size, device)
         except Exception as e:  # noqa: BLE001 - any setup failure is reported on all ranks
             error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
     dist.agree(error, "setup")                                  # collective: hpcdp.agree.setup
     assert run is not None
-    steps = dist.allgather_object(run.train_reader.steps_per_epoch, "hpcdp.steps")  # collective
-    uneven = setup.uneven_steps_error(steps)
+    mine = (run.train_reader.steps_per_epoch, staging.staging_node(os.environ),
+            staging.read_paths(read_cfg))
+    gathered = dist.allgather_object(mine, "hpcdp.steps")      # collective: hpcdp.steps
+    uneven = setup.uneven_steps_error([steps for steps, _, _ in gathered])
     if uneven:
         raise dist.AgreedError(uneven)
+    run.data_paths_read = {node: paths for _, node, paths in gathered}
     return run
 
 
@@ -266,7 +272,7 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
         "peak_lr": run.schedule.peak_lr,
         "run_dir": str(cfg.run_dir), "checkpoint": str(final) if final.exists() else None,
         "metrics": str(rep.jsonl_path), "tensorboard": str(rep.tb_dir),
-        "resumed_from": resumed_from,
+        "resumed_from": resumed_from, "data_paths_read": run.data_paths_read,
     }
     if run.root:
         (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

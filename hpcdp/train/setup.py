@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,9 @@ class Run:
     schedule: sched.Schedule
     steps_per_epoch: int
     total_steps: int
+    # {node: {"train": path, "val": path}} the readers opened, for the summary;
+    # data.stage_dir makes them node-local copies (hpcdp.train.staging)
+    data_paths_read: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def accum(self) -> int:
