@@ -55,6 +55,7 @@ def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(hc.fusion_threshold_mb * 1024 * 1024))
     else:
         env.update(hvd_settings.fusion_env(environ or {}, on_gpu))
+    env.update(hvd_settings.wake_env(environ or {}, on_gpu))
     if hc.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
     if hc.stall_check_s >= 0:
@@ -110,7 +111,8 @@ def settings_line() -> str:
     (4 busy threads > 2 CPUs), fusion 1 MiB'."""
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", str(hvd_settings.HOROVOD_FUSION_BYTES)))
     plan = _runtime.describe() if _runtime else f"threads {torch.get_num_threads()}"
-    return f"{plan}, fusion {hvd_settings.format_bytes(fusion)}"
+    wake = hvd_settings.wake_text(os.environ, hvd_settings.horovod_wakes())
+    return f"{plan}, fusion {hvd_settings.format_bytes(fusion)}, {wake}"
 
 
 def wants_gpu(kind: str, cuda_available: bool) -> bool:

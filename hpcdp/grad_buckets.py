@@ -80,17 +80,22 @@ class _Bucketed:
         starts = [0]  # each parameter's offset in the flat buffer, then the total
         for p in ordered:
             starts.append(starts[-1] + p.numel())
-        self._flat = torch.zeros(starts[-1], dtype=ordered[0].dtype, device=ordered[0].device)
+        # One element past the gradients: a small integer every rank sends with the last
+        # bucket (`carry_max`), so a flag needs no all-reduce of its own.
+        self._flat = torch.zeros(starts[-1] + 1, dtype=ordered[0].dtype,
+                                 device=ordered[0].device)
         self._params = ordered
         self._view_of = {id(p): self._flat[a:b].view_as(p)
                          for p, a, b in zip(ordered, starts, starts[1:], strict=False)}
         elem = ordered[0].element_size()
         runs = plan([p.numel() for p in ordered], max(1, bucket_bytes // elem))
         self._buckets = [(starts[run.start], starts[run.stop]) for run in runs]  # flat [a, b)
+        self._buckets[-1] = (self._buckets[-1][0], starts[-1] + 1)  # the carried slot
         self._members = [[ordered[i] for i in run] for run in runs]
         self._bucket_of = {id(p): b for b, members in enumerate(self._members) for p in members}
         self._handles: dict[int, Any] = {}
         self._skip_sync = False
+        self._carry: list[Any] = [None, None]  # [value to send, the reduced value]
         self._reset()
         for p in ordered:
             p.register_post_accumulate_grad_hook(self.grad_ready)
@@ -116,6 +121,8 @@ class _Bucketed:
         """
         start, stop = self._buckets[b]
         bucket = self._flat[start:stop]
+        if b == len(self._buckets) - 1:
+            self._flat[-1] = self._carry[0] or 0
         if self._prescale != 1.0:
             bucket.mul_(self._prescale)
         self._handles[b] = self._hvd.allreduce_async_(
@@ -171,7 +178,26 @@ class _Bucketed:
                 self._launch(b)
         for handle in self._handles.values():
             self._hvd.synchronize(handle)
+        if self._carry[0] is not None:
+            # The sum of each rank's value / ranks (the bucket's scaling): > 0 iff any sent one.
+            self._carry = [None, float(self._flat[-1])]
         self._reset()
+
+    def carry_max(self, value: int) -> Any:
+        """Send `value` (>= 0) with the next step's last bucket; returns a function that
+        gives whether any rank sent more than 0 (1 or 0), once that step has synchronized.
+
+        The lagged preemption check (hpcdp.preempt) without an all-reduce of its own:
+        every rank starts the next step anyway, and its gradients carry the flag.
+        Read before that step, the function says 0.
+        """
+        self._carry = [value, None]
+
+        def result() -> int:
+            reduced, self._carry[1] = self._carry[1], None
+            return 1 if reduced is not None and reduced > 0 else 0
+
+        return result
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

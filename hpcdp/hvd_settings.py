@@ -136,6 +136,66 @@ def fusion_env(environ: Mapping[str, str], on_gpu: bool) -> dict[str, str]:
     return {"HOROVOD_FUSION_THRESHOLD": str(threshold)}
 
 
+WAKE_VAR = "HOROVOD_WAKE_ON_ENQUEUE"
+
+
+def wake_env(environ: Mapping[str, str], on_gpu: bool) -> dict[str, str]:
+    """HOROVOD_WAKE_ON_ENQUEUE=1 for CPU training, unless the environment sets it.
+
+    Horovod's background thread sleeps out its cycle time between negotiations, so
+    a step's last all-reduce waits for the next cycle: half a cycle on average,
+    on every rank, every step. With hpcdp's Horovod patch
+    (scripts/horovod-wake-on-enqueue.patch) an enqueue wakes the thread at once,
+    and a rank with tensors waiting stays in the negotiation, so the all-reduce
+    starts when the last rank's gradients arrive. On CPUs, where a step is a few
+    milliseconds for small models, that wait is a large part of the step (see
+    docs/benchmarks.md). Left off on GPUs, where it is not measured here and where
+    Horovod's per-tensor requests rely on a cycle to fuse. A Horovod built without
+    the patch ignores the variable.
+    """
+    if on_gpu or WAKE_VAR in environ:
+        return {}
+    return {WAKE_VAR: "1"}
+
+
+def wake_requested(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` asks Horovod to wake on enqueue (Horovod reads '> 0' as yes)."""
+    try:
+        return int(environ.get(WAKE_VAR, "0").strip() or "0") > 0
+    except ValueError:
+        return False
+
+
+_PATCH_MARK = WAKE_VAR.encode()
+_patched: dict[str, bool] = {}
+
+
+def horovod_wakes(library: str | None = None) -> bool:
+    """Whether the installed Horovod has hpcdp's wake-on-enqueue patch (its library
+    names the variable). Read once per library: a file search, no import."""
+    if library is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("horovod.torch.mpi_lib_v2")
+        library = spec.origin if spec is not None and spec.origin else ""
+    if library not in _patched:
+        try:
+            import mmap
+
+            with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                _patched[library] = m.find(_PATCH_MARK) >= 0
+        except (OSError, ValueError):
+            _patched[library] = False
+    return _patched[library]
+
+
+def wake_text(environ: Mapping[str, str], patched: bool) -> str:
+    """For the identity line: 'wake on enqueue', or why the cycle is slept out."""
+    if not wake_requested(environ):
+        return "cycle slept out"
+    return "wake on enqueue" if patched else "cycle slept out (Horovod without hpcdp's patch)"
+
+
 # --------------------------------------------------------------------------- threads, yielding
 
 

@@ -8,9 +8,10 @@
 # Called by setup-python.sh (which downloads the source release) and usable on
 # its own on a node that cannot reach a package index. What it does:
 # - PyTorch >= 2.1 headers need C++17; the release pins C++14: every
-#   `CMAKE_CXX_STANDARD 14` becomes 17 (the one source patch).
+#   `CMAKE_CXX_STANDARD 14` becomes 17.
 # - CMake >= 4 refuses the bundled Gloo's cmake_minimum_required(2.8.12):
 #   CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake 3.x ignores it).
+# - Wake on enqueue (scripts/horovod-wake-on-enqueue.patch): see below.
 # - Controllers: MPI when mpicc is found (HPCDP_HVD_MPI=0 to leave it out), and
 #   Gloo always.
 # - GPU_OPS: NCCL | none | auto (NCCL when nvcc is found and torch is a CUDA
@@ -60,7 +61,21 @@ PYEOF
 if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
   die "failed to switch Horovod's C++ standard to 17"
 fi
-if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17); not building"; exit 0; fi
+# hpcdp's one behavioural patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1, which
+# hpcdp.hvd_settings sets for CPU training): the background thread starts a cycle
+# as soon as a tensor is enqueued instead of sleeping out the cycle time, so a
+# step's last all-reduce does not wait up to a cycle. Applied once per tree.
+patch_file="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/horovod-wake-on-enqueue.patch"
+if ! grep -q HOROVOD_WAKE_ON_ENQUEUE "$SRC/horovod/common/operations.cc"; then
+  if command -v patch >/dev/null 2>&1; then
+    patch -d "$SRC" -p1 --forward --quiet < "$patch_file" || die "failed to apply $patch_file"
+  elif command -v git >/dev/null 2>&1; then
+    (cd "$SRC" && git apply -p1 "$patch_file") || die "failed to apply $patch_file"
+  else
+    die "neither patch nor git is installed to apply $patch_file (apt-get install patch)"
+  fi
+fi
+if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue); not building"; exit 0; fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
 # standard headers, and some of the release's files rely on that (group_table.h,

@@ -134,6 +134,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
     """Train until the last step, a stop or preemption; validate at each epoch's end."""
     cfg, reader, out = run.cfg, run.train_reader, Outcome()
     window, sums = StepTimes(), MetricSums(run.task.metrics, run.device, training=True)
+    carrier = flag_carrier(run.optimizers, run.size)
     run.model.train()
     while state.step < run.total_steps and out.stop is None:
         reader.set_epoch(state.epoch)  # keeps the position when a resumed state is for it
@@ -151,7 +152,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
                 report_window(run, rep, window, sums, state, lr)  # collective: train metrics
                 window = StepTimes()
             t0 = time.perf_counter()
-            out.stop = agree_stop(preempt, hooks, state.step)     # collective: hpcdp.preempt
+            out.stop = agree_stop(preempt, hooks, state.step, carrier)  # hpcdp.preempt
             window.comm += time.perf_counter() - t0
             if ckpts.due(state.step, run.total_steps, out.stop is not None):
                 t0 = time.perf_counter()
@@ -169,13 +170,25 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
     return out
 
 
-def agree_stop(preempt: Any, hooks: Hooks, step: int) -> str | None:
+def flag_carrier(optimizers: list[Any], size: int) -> Any:
+    """The optimizer whose gradient buckets can carry the preemption flag (several ranks
+    and flat buckets, hpcdp.grad_buckets), else None."""
+    if size == 1:
+        return None
+    return next((opt for opt in optimizers if hasattr(opt, "carry_max")), None)
+
+
+def agree_stop(preempt: Any, hooks: Hooks, step: int, carrier: Any = None) -> str | None:
     """Collective on the preemption schedule: why every rank stops after `step`, if it does.
 
-    One rank agrees with itself: the same lagged schedule, without an all-reduce."""
+    The flag travels with the next step's gradients where they go in flat buckets
+    (`carrier`), else in an all-reduce of its own. One rank agrees with itself: the
+    same lagged schedule, without either."""
     if dist.size() == 1:
         def start_max(v: int) -> Any:
             return lambda: v
+    elif carrier is not None:
+        start_max = carrier.carry_max
     else:
         def start_max(v: int) -> Any:
             return dist.start_allreduce_max_int(v, "hpcdp.preempt")

@@ -33,17 +33,37 @@ def test_too_few_gpus_and_no_gpu_errors() -> None:
 
 def test_horovod_env() -> None:
     mib = 1024 * 1024
-    # Nothing configured: the fusion threshold follows the device and the backend...
-    assert horovod_env(HorovodConfig(), Path("r")) == {"HOROVOD_FUSION_THRESHOLD": str(mib)}
+    wake = {"HOROVOD_WAKE_ON_ENQUEUE": "1"}
+    # Nothing configured: the fusion threshold follows the device and the backend, and
+    # CPU training wakes Horovod's thread on enqueue...
+    assert horovod_env(HorovodConfig(), Path("r")) == {"HOROVOD_FUSION_THRESHOLD": str(mib),
+                                                       **wake}
     assert horovod_env(HorovodConfig(), Path("r"), on_gpu=True) == {
         "HOROVOD_FUSION_THRESHOLD": str(128 * mib)}
     assert horovod_env(HorovodConfig(), Path("r"), environ={"HOROVOD_CONTROLLER": "gloo"}) == {
-        "HOROVOD_FUSION_THRESHOLD": str(128 * mib)}
-    # ...unless the environment already has one (left as it is).
+        "HOROVOD_FUSION_THRESHOLD": str(128 * mib), **wake}
+    # ...unless the environment already has them (left as they are).
     assert horovod_env(HorovodConfig(), Path("r"),
-                       environ={"HOROVOD_FUSION_THRESHOLD": "5"}) == {}
+                       environ={"HOROVOD_FUSION_THRESHOLD": "5",
+                                "HOROVOD_WAKE_ON_ENQUEUE": "0"}) == {}
     env = horovod_env(HorovodConfig(fusion_threshold_mb=2, cycle_time_ms=2.5,
                                     timeline="tl.json"), Path("r"),
                       environ={"HOROVOD_FUSION_THRESHOLD": "5"})  # the config wins
-    assert env == {"HOROVOD_FUSION_THRESHOLD": str(2 * 1024 * 1024),
+    assert env == {"HOROVOD_FUSION_THRESHOLD": str(2 * 1024 * 1024), **wake,
                    "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_TIMELINE": str(Path("r/tl.json"))}
+
+
+def test_wake_text_and_patch_detection(tmp_path: Path) -> None:
+    from hpcdp import hvd_settings
+
+    patched, plain = tmp_path / "patched.so", tmp_path / "plain.so"
+    patched.write_bytes(b"\0" * 4096 + b"HOROVOD_WAKE_ON_ENQUEUE\0" + b"\0" * 10)
+    plain.write_bytes(b"\0" * 4096 + b"HOROVOD_CYCLE_TIME\0")
+    assert hvd_settings.horovod_wakes(str(patched))
+    assert not hvd_settings.horovod_wakes(str(plain))
+    assert not hvd_settings.horovod_wakes(str(tmp_path / "missing.so"))
+    on = {"HOROVOD_WAKE_ON_ENQUEUE": "1"}
+    assert hvd_settings.wake_text(on, True) == "wake on enqueue"
+    assert "without hpcdp's patch" in hvd_settings.wake_text(on, False)
+    assert hvd_settings.wake_text({"HOROVOD_WAKE_ON_ENQUEUE": "0"}, True) == "cycle slept out"
+    assert hvd_settings.wake_text({}, True) == "cycle slept out"

@@ -6,7 +6,9 @@ checks after every step that the parameters agree (and are the same on every
 rank). Covers accumulation over backward passes, a parameter no forward pass
 uses (its bucket is reduced by synchronize(), not by a hook: no rank waits),
 the GradScaler-style synchronize/skip_synchronize pattern, and the predivide
-factor. Any mismatch raises: the rank exits non-zero and the run fails.
+factor, and the flag the last bucket carries for the preemption check (any
+rank's 1 reaches every rank, at the step it was sent with). Any mismatch
+raises: the rank exits non-zero and the run fails.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool,
     gen = torch.Generator().manual_seed(100 + r)  # each rank its own data
     start = flat(ours)
     for step in range(6):
+        # The flag rides with this step's last bucket: one rank raises it at step 3 only.
+        carried = opt.carry_max(1 if (step == 3 and r == hvd.size() - 1) else 0)
         opt.zero_grad(set_to_none=set_to_none)  # False: backward adds into the views
         ref_opt.zero_grad()  # (Horovod's takes no argument)
         for _ in range(accum):
@@ -65,6 +69,8 @@ def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool,
         else:
             opt.step()
             ref_opt.step()
+        flag = carried()
+        assert flag == (1 if step == 3 else 0), f"step {step}: rank {r} read flag {flag}"
         got, want = flat(ours), flat(ref)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (
             f"step {step} (accum {accum}, buckets {opt.buckets}): max diff "
@@ -72,6 +78,7 @@ def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool,
         everyone = hvd.allgather(got.unsqueeze(0), name=f"params.{accum}.{bucket_bytes}.{step}")
         assert all(torch.equal(everyone[0], row) for row in everyone), "ranks differ"
     assert not torch.equal(start, flat(ours)), "nothing was trained"
+    assert opt.carry_max(1)() == 0, "a flag read before its step synchronized"
     # The unused layer's gradient is reduced as zeros (as Horovod does): momentum stays 0.
     assert torch.count_nonzero(ours.unused.weight.grad) == 0
 
