@@ -93,9 +93,13 @@ if ! ls "$hvddir"/horovod-*.whl >/dev/null 2>&1; then
     bash "$(dirname "$0")/build-horovod.sh"
   rm -rf "$hvddir"; mv "$hvddir.tmp" "$hvddir"
 fi
-if ! "$PY" -c 'import horovod.torch' >/dev/null 2>&1 \
+# The venv records which build it holds, so a new recipe (a changed patch) reaches
+# venvs that already have this Horovod version.
+installed_key=$(cat "$VENV/.hpcdp-horovod" 2>/dev/null || true)
+if ! "$PY" -c 'import horovod.torch' >/dev/null 2>&1 || [ "$installed_key" != "$hvdkey" ] \
    || [ "$("$PY" -c 'import horovod; print(horovod.__version__)')" != "$HOROVOD_VERSION" ]; then
   "${PIP[@]}" install --force-reinstall --no-deps "$hvddir"/horovod-*.whl
+  echo "$hvdkey" > "$VENV/.hpcdp-horovod"
 fi
 
 # --- the project -----------------------------------------------------------

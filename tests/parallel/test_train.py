@@ -97,21 +97,27 @@ def test_single_process_without_launcher(data: Path, tmp_path: Path) -> None:
     assert json.loads((run / "summary.json").read_text())["steps"] == N_TRAIN // 16
 
 
-def test_signal_checkpoint_resume_is_bitwise_identical(ranks, data: Path, tmp_path: Path) -> None:
-    common = ("optim.momentum=0.9", "optim.weight_decay=1e-4", "schedule.warmup_epochs=0.5")
+@pytest.mark.parametrize("carrier", ["buckets", "own all-reduce"])
+def test_signal_checkpoint_resume_is_bitwise_identical(ranks, data: Path, tmp_path: Path,
+                                                       carrier: str) -> None:
+    # The flag goes with the gradient buckets (CPUs), or in an all-reduce of its own where
+    # Horovod's DistributedOptimizer averages the gradients (GPUs, bucket_mb=0).
+    common = ("optim.momentum=0.9", "optim.weight_decay=1e-4", "schedule.warmup_epochs=0.5",
+              *(["horovod.bucket_mb=0"] if carrier != "buckets" else []))
     full = tmp_path / "full"
     ranks(TRAIN, *args(data, full, *common), np=2, timeout=BOUND)
     cut = tmp_path / "cut"
     worker = [sys.executable, str(Path(__file__).parent / "workers" / "train_signal.py")]
     first = ranks(worker, *args(data, cut, *common), np=2, timeout=BOUND,
                   env={"HPCDP_TEST_SIGNAL_AT": "7"})
-    # Rank 1 signalled itself before check 7; its flag went out with check 8, whose
-    # result every rank read at check 9 (the agreement is one check behind): step 9.
-    assert "preempted at step 9: checkpoint written to" in first.output
-    assert [s for s, _ in ck.list_checkpoints(cut / "checkpoints")] == [9]
+    # Rank 1 signalled itself just before check 7 (after step 7); its flag went out with
+    # step 8's last gradient bucket, whose result every rank read at check 8 (the
+    # agreement is one check behind): step 8.
+    assert "preempted at step 8: checkpoint written to" in first.output
+    assert [s for s, _ in ck.list_checkpoints(cut / "checkpoints")] == [8]
     assert not (cut / "summary.json").exists()
     second = ranks(TRAIN, *args(data, cut, *common), np=2, timeout=BOUND)
-    assert "resumed from" in second.output and "step-00000009.pt" in second.output
+    assert "resumed from" in second.output and "step-00000008.pt" in second.output
     a, b = final_state(full), final_state(cut)
     assert a["step"] == b["step"] == 2 * (N_TRAIN // 32)
     assert_same_params(a, b, exact=True)

@@ -16,25 +16,28 @@ import sys
 
 import horovod.torch as hvd
 
-from hpcdp import checkpoint, dist, train
+from hpcdp import checkpoint, train
+from hpcdp.train import loop
 
 SIGNAL_AT = int(os.environ.get("HPCDP_TEST_SIGNAL_AT", "0"))
 CRASH_AT = int(os.environ.get("HPCDP_TEST_CRASH_AT", "0"))
-_real = dist.start_allreduce_max_int
+_real = loop.agree_stop
 _calls = 0
 
 
-def _arranged(value: int, name: str):
+def _arranged(*args, **kwargs):
+    """The k-th preemption check (every step: check_every=1), where the flag is sent with
+    the next step's gradients or in an all-reduce of its own."""
     global _calls
     _calls += 1
     if hvd.rank() == 1 and _calls == SIGNAL_AT:
         os.kill(os.getpid(), signal.SIGUSR1)
     if hvd.rank() == 1 and _calls == CRASH_AT:
         raise RuntimeError(f"arranged failure at check {_calls}")
-    return _real(value, name)
+    return _real(*args, **kwargs)
 
 
-dist.start_allreduce_max_int = _arranged
+loop.agree_stop = _arranged
 
 
 def _prune_fails(folder, keep):
