@@ -87,7 +87,8 @@ def start(cfg: Config, task: Task) -> setup.Run:
     except dist.AgreedError as e:
         device, error = torch.device("cpu"), str(e)
     dist.print_identity(device)
-    error = error or dist.placement_error(device)              # collective: hpcdp.placement
+    placed = dist.placement_error(device)  # every rank, also one whose pinning failed
+    error = error or placed                                    # collective: hpcdp.placement
     read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
     if error is None:
         try:
@@ -266,6 +267,18 @@ def report_stop(run: setup.Run, ckpts: CheckpointManager, state: TrainState, rea
     return code
 
 
+def earlier_throughput(path: Any, summary: dict[str, Any], keys: list[str]) -> float:
+    """Copy `keys` from the summary.json at `path` into `summary` where it has them (a run
+    that trained nothing in this process has no throughput of its own); returns
+    samples/s as it then stands."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    summary.update({k: earlier[k] for k in keys if isinstance(earlier.get(k), (int, float))})
+    return float(summary["samples_per_s"])
+
+
 def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: Outcome,
               resumed_from: str | None, rep: Reporter) -> None:
     """Final validation if the loop did not end on one; rank 0 writes summary.json."""
@@ -288,7 +301,10 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
         "resumed_from": resumed_from, "data_paths_read": run.data_paths_read,
     }
     if run.root:
-        (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        path = cfg.run_dir / "summary.json"
+        if out.samples == 0:  # a finished run resumed: keep the throughput it was trained at
+            throughput = earlier_throughput(path, summary, ["samples_per_s", *rates])
+        path.write_text(json.dumps(summary, indent=2) + "\n")
     names = [m.name for m in run.task.metrics] + list(run.task.derive(out.last_val))
     rep.info(f"done: val {metrics_text(out.last_val, names)}, "
              f"{throughput:.0f} samples/s{rates_text(rates)} on {run.size} rank(s), "

@@ -94,7 +94,16 @@ def test_single_process_without_launcher(data: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     (ident,) = identities(done.stdout)
     assert ident["size"] == 1 and ident["rank"] == 0
-    assert json.loads((run / "summary.json").read_text())["steps"] == N_TRAIN // 16
+    first = json.loads((run / "summary.json").read_text())
+    assert first["steps"] == N_TRAIN // 16 and first["samples_per_s"] > 0
+    # The finished run started again (a leftover chained segment): nothing is trained, and
+    # the summary keeps the throughput of the training that happened.
+    again = subprocess.run([*TRAIN, *args(data, run, "run.epochs=1")], capture_output=True,
+                           text=True, timeout=BOUND, env=rank_environment(), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    second = json.loads((run / "summary.json").read_text())
+    assert second["steps"] == first["steps"] and second["resumed_from"]
+    assert second["samples_per_s"] == first["samples_per_s"]
 
 
 @pytest.mark.parametrize("carrier", ["buckets", "own all-reduce"])
