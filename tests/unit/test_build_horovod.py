@@ -2,7 +2,8 @@
 
 The build itself is exercised by `make test`'s setup on a fresh machine; what
 is checked here is that patching is idempotent: a second run over a tree the
-first run patched (a retried build) must go on, not stop silently.
+first run patched (a retried build) must go on, not stop silently; and that the
+wake-on-enqueue patch applies to the sources it was made from.
 """
 
 from __future__ import annotations
@@ -15,12 +16,34 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-horovod.sh"
 
 
+WAKE_PATCH = SCRIPT.parent / "horovod-wake-on-enqueue.patch"
+
+
+def _unpatched_sources(patch: str) -> dict[str, str]:
+    """Each file the patch touches, as the old side of its hunks in order: what the patch
+    expects to find (at other line numbers, which patch and git apply allow)."""
+    files: dict[str, list[str]] = {}
+    name = None
+    for line in patch.splitlines():
+        if line.startswith("--- a/"):
+            name = line[len("--- a/"):].split("\t")[0]
+            files[name] = []
+        elif line.startswith(("+++ ", "@@")) or name is None:
+            continue
+        elif line.startswith((" ", "-")):
+            files[name].append(line[1:])
+    return {n: "\n".join(lines) + "\n" for n, lines in files.items()}
+
+
 def _tree(root: Path) -> Path:
     src = root / "horovod-0.28.1"
     (src / "third_party" / "gloo").mkdir(parents=True)
     (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: horovod\nVersion: 0.28.1\n")
     (src / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
     (src / "third_party" / "gloo" / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
+    for name, text in _unpatched_sources(WAKE_PATCH.read_text()).items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
     return src
 
 
@@ -39,6 +62,9 @@ def test_patching_twice_goes_on(tmp_path: Path) -> None:
         assert "patched" in done.stdout, f"attempt {attempt} stopped before patching"
         for cmake in (src / "CMakeLists.txt", src / "third_party" / "gloo" / "CMakeLists.txt"):
             assert cmake.read_text() == "set(CMAKE_CXX_STANDARD 17)\n"
+        operations = (src / "horovod/common/operations.cc").read_text()
+        assert operations.count("HOROVOD_WAKE_ON_ENQUEUE") == 1  # applied, and only once
+        assert "WaitForQueuedWork" in operations
 
 
 def test_refuses_another_release(tmp_path: Path) -> None:
