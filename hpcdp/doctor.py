@@ -105,7 +105,8 @@ def check_horovod() -> list[Check]:
     )
     status = OK if controllers else FAIL
     checks = [
-        Check(status, "horovod", detail if controllers else detail + " (no controller built)")
+        Check(status, "horovod", detail if controllers else detail + " (no controller built)"),
+        wake_check(hvd_settings.horovod_wakes()),
     ]
     try:
         import torch
@@ -122,6 +123,16 @@ def check_horovod() -> list[Check]:
     except ImportError:
         pass
     return checks
+
+
+def wake_check(patched: bool) -> Check:
+    """Whether CPU training's all-reduces start when the last rank's tensors arrive."""
+    if patched:
+        return Check(OK, "horovod wake", "built with hpcdp's wake-on-enqueue patch: CPU "
+                     "training sets HOROVOD_WAKE_ON_ENQUEUE=1")
+    return Check(WARN, "horovod wake", "Horovod without hpcdp's wake-on-enqueue patch: each "
+                 "step's last all-reduce waits for the next cycle (HOROVOD_CYCLE_TIME); "
+                 "'make setup' builds the patched one")
 
 
 def check_mpi() -> list[Check]:

@@ -25,3 +25,11 @@ def test_my_runtime_warns_when_exports_oversubscribe() -> None:
     fine = my_runtime(0, "h", {})
     assert not fine.oversubscribed and fine.summary.startswith("threads ")
     assert my_runtime(0, "h", {"OMP_NUM_THREADS": "none"}).error
+
+
+def test_wake_patch_is_reported() -> None:
+    from hpcdp.doctor import OK, WARN, wake_check
+
+    assert wake_check(True).status == OK
+    plain = wake_check(False)
+    assert plain.status == WARN and "make setup" in plain.detail
