@@ -511,13 +511,15 @@ def recsys_comparison(summary: Mapping[str, Mapping[str, Any]], runs: Sequence[M
     clicks = [s for s in chosen if s.model == "dlrm"]
     if not clicks:
         return {}
-    payloads = {s.label: common.median(r["table_mib"] for r in runs
-                                       if r["model"] == s.label and r["np"] == 2)
-                for s in clicks}
+    mine = {s.label: [r for r in runs if r["model"] == s.label and r["np"] == 2]
+            for s in clicks}
+    payloads = {label: common.median(r["table_mib"] for r in rs) for label, rs in mine.items()}
+    per_round = {label: {r["round"]: r["samples_per_s"] for r in rs}
+                 for label, rs in mine.items()}
     # Every setup of the click model has the same MLPs: their bytes from any one.
     first = clicks[0]
     mlp = train_recsys.mlp_bytes([*first.overrides, *args.set], data[first.data])
-    return train_recsys.compare(summary, payloads, mlp)
+    return train_recsys.compare(summary, payloads, mlp, per_round=per_round)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,11 +103,14 @@ def sent_mib(mode: str, payload_mib: float, mlp_bytes: int, ranks: int) -> float
 
 
 def compare(summary: Mapping[str, Mapping[str, Any]], payloads: Mapping[str, float],
-            mlp_bytes: int, ranks: int = 2) -> dict[str, dict[str, Any]]:
+            mlp_bytes: int, ranks: int = 2,
+            per_round: Mapping[str, Mapping[int, float]] | None = None,
+            ) -> dict[str, dict[str, Any]]:
     """Per table size: each mode's rates, efficiency and bytes, and which mode wins
-    (the higher `ranks`-rank samples/s) by how much."""
+    (the higher median `ranks`-rank samples/s) by how much; with `per_round` (each
+    label's `ranks`-rank samples/s by round), in how many rounds it won too."""
     out: dict[str, dict[str, Any]] = {}
-    for tables in dict.fromkeys(v.tables for v in variants()):
+    for tables in TABLES:
         modes = {}
         for v in (Variant(tables, m) for m in MODES):
             s = summary.get(v.label)
@@ -127,19 +130,31 @@ def compare(summary: Mapping[str, Mapping[str, Any]], payloads: Mapping[str, flo
             winner = max(rate, key=rate.__getitem__)
             loser = min(rate, key=rate.__getitem__)
             entry.update(winner=winner, speedup=rate[winner] / rate[loser])
+            if per_round is not None:
+                entry.update(rounds_won(per_round[Variant(tables, winner).label],
+                                        per_round[Variant(tables, loser).label]))
         out[tables] = entry
     return out
+
+
+def rounds_won(winner: Mapping[int, float], loser: Mapping[int, float]) -> dict[str, int]:
+    """In how many of the rounds that measured both the winner of the medians was faster."""
+    both = [r for r in winner if r in loser]
+    return {"rounds_won": sum(winner[r] > loser[r] for r in both), "rounds": len(both)}
 
 
 def table(comparison: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> str:
     rows = []
     for tables, entry in comparison.items():
         for mode, m in entry["modes"].items():
-            won = entry.get("winner") == mode
+            won = ""
+            if entry.get("winner") == mode:
+                won = f"{entry['speedup']:.2f}x"
+                if entry.get("rounds"):
+                    won += f" ({entry['rounds_won']}/{entry['rounds']} rounds)"
             rows.append([f"{tables} {mode}", m["samples_per_s_1"], m[f"samples_per_s_{ranks}"],
                          f"{m['efficiency']:.0%}", m["step_ms"], m["comm_ms"],
-                         f"{m['table_mib']:.3f}", f"{m['sent_mib']:.3f}",
-                         f"{entry['speedup']:.2f}x" if won else ""])
+                         f"{m['table_mib']:.3f}", f"{m['sent_mib']:.3f}", won])
     headers = ["tables mode", "1 rank/s", f"{ranks} ranks/s", "efficiency", "step ms",
                "comm ms", "table MiB/rank", "sent MiB/step", "wins by"]
     return common.format_table(headers, rows)

@@ -106,23 +106,32 @@ def test_comparison_names_the_winner_per_table_size() -> None:
                "dlrm_large_sparse": _summary(3000.0), "dlrm_large_dense": _summary(1000.0)}
     payloads = {"dlrm_small_sparse": 0.05, "dlrm_small_dense": 0.07,
                 "dlrm_large_sparse": 0.2, "dlrm_large_dense": 18.6}
-    c = train_recsys.compare(summary, payloads, mlp_bytes=0)
+    per_round = {"dlrm_small_sparse": {0: 900.0, 1: 950.0, 2: 10.0},
+                 "dlrm_small_dense": {0: 1000.0, 1: 800.0},
+                 "dlrm_large_sparse": {0: 3000.0}, "dlrm_large_dense": {0: 1000.0}}
+    c = train_recsys.compare(summary, payloads, mlp_bytes=0, per_round=per_round)
     assert c["small"]["winner"] == "dense" and c["small"]["speedup"] == pytest.approx(1000 / 900)
+    # Rounds measuring both modes only: dense faster in round 0, not in round 1.
+    assert (c["small"]["rounds_won"], c["small"]["rounds"]) == (1, 2)
     assert c["large"]["winner"] == "sparse" and c["large"]["speedup"] == pytest.approx(3.0)
     assert c["large"]["modes"]["dense"]["sent_mib"] == pytest.approx(18.6)
     text = train_recsys.table(c)
     lines = text.splitlines()
     assert "sent MiB/step" in lines[0] and "wins by" in lines[0]
     assert lines[2].startswith("small sparse") and not lines[2].endswith("x")
-    assert lines[3].startswith("small dense") and lines[3].endswith("1.11x")
-    assert lines[4].endswith("3.00x") and "18.600" in lines[5]
+    assert lines[3].startswith("small dense") and lines[3].endswith("1.11x (1/2 rounds)")
+    assert lines[4].endswith("3.00x (1/1 rounds)") and "18.600" in lines[5]
     one = train_recsys.compare({"dlrm_large_dense": _summary(1.0)}, payloads, 0)
     assert "winner" not in one["large"] and "small" not in one  # one mode: no verdict
+    assert train_recsys.table(train_recsys.compare(summary, payloads, 0)).splitlines()[
+        3].endswith("1.11x")  # no rounds given: the medians' verdict alone
 
 
-def _runs(label: str, data_ms: float, step_ms: float) -> list[dict]:
+def _runs(label: str, data_ms: float, step_ms: float, data_ms_2: float | None = None
+          ) -> list[dict]:
+    data = {1: data_ms, 2: data_ms if data_ms_2 is None else data_ms_2}
     return [{"round": 0, "model": label, "np": np, "samples_per_s": 1.0 * np,
-             "step_ms": step_ms, "data_ms": data_ms, "compute_ms": step_ms - data_ms,
+             "step_ms": step_ms, "data_ms": data[np], "compute_ms": step_ms - data[np],
              "comm_ms": 0.0} for np in (1, 2)]
 
 
@@ -132,10 +141,13 @@ def test_lm_data_share_on_one_and_two_ranks_against_two_percent() -> None:
     assert checks(s) == {"gpt2_124m data share < 2% (1 and 2 ranks)": True}
     slow = summarize(_runs("gpt2_124m", 30.0, 1000.0), [])
     assert checks(slow) == {"gpt2_124m data share < 2% (1 and 2 ranks)": False}
+    one_slow = summarize(_runs("gpt2_124m", 30.0, 1000.0, data_ms_2=10.0), [])
+    assert checks(one_slow) == {"gpt2_124m data share < 2% (1 and 2 ranks)": False}
     rows = targets("train", {"summary": slow})
     assert ("gpt2_124m: data share < 2%", "3.0%", False) in rows
+    s = summarize(_runs("gpt2_124m", 10.0, 1000.0, data_ms_2=5.0), [])
     s["gpt2_124m"].update(tokens_per_s_1=1024.0, tokens_per_s_2=2048.0,
                           ddp_tokens_per_s_2=1900.0, seq_len=1024)
     (line,) = lm_lines(s)
     assert "tokens/s 1 rank 1024, 2 ranks 2048, DDP 2 ranks 1900" in line
-    assert "1.00% on 1 rank, 1.00% on 2" in line
+    assert "1.00% on 1 rank, 0.50% on 2" in line
