@@ -307,7 +307,7 @@ def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -
     width = 0.8 / len(bars)
     for i, (label, values) in enumerate(bars.items()):
         ax1.bar([j + i * width for j in range(len(models))], values, width, label=label)
-    ax1.set_xticks([j + width for j in range(len(models))], models)
+    ax1.set_xticks([j + width for j in range(len(models))], models, rotation=15, fontsize=8)
     ax1.set_ylabel("samples/s (all ranks)")
     ax1.set_title("weak scaling")
     ax1.legend(fontsize=8)
@@ -316,6 +316,7 @@ def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -
         values = [summary[m]["shares"][part] for m in models]
         ax2.bar(models, values, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, values)]
+    ax2.tick_params(axis="x", labelrotation=15, labelsize=8)
     ax2.set_ylabel(f"share of step time, {ranks} ranks")
     ax2.set_title("where a step goes")
     ax2.legend(fontsize=8)
@@ -445,7 +446,7 @@ def run_rounds(chosen: Sequence[Setup], data: Mapping[str, Path], work: Path,
 
     def add(kind: str, rnd: int, what: str, result: dict[str, Any]) -> None:
         found[kind].append({"round": rnd, **result})
-        print(f"round {rnd} {what}: {result['samples_per_s']:.1f} samples/s", flush=True)
+        print(f"round {rnd} {what}: {result['samples_per_s']:.4g} samples/s", flush=True)
 
     for rnd in range(args.rounds):
         for s in chosen:
@@ -471,8 +472,8 @@ def lm_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
                     if g.get("ddp_tokens_per_s_2") else "")
         lines.append(f"  {label}: tokens/s 1 rank {g['tokens_per_s_1']:.0f}, 2 ranks "
                      f"{g['tokens_per_s_2']:.0f}{ddp_text} (windows of {g['seq_len']} tokens); "
-                     f"data share of the step {g['data_share_1']:.2%} on 1 rank, "
-                     f"{g['shares']['data']:.2%} on 2")
+                     f"data share of the step {100 * g['data_share_1']:.3f}% on 1 rank, "
+                     f"{100 * g['shares']['data']:.3f}% on 2")
     return lines
 
 

@@ -150,4 +150,4 @@ def test_lm_data_share_on_one_and_two_ranks_against_two_percent() -> None:
                           ddp_tokens_per_s_2=1900.0, seq_len=1024)
     (line,) = lm_lines(s)
     assert "tokens/s 1 rank 1024, 2 ranks 2048, DDP 2 ranks 1900" in line
-    assert "1.00% on 1 rank, 0.50% on 2" in line
+    assert "1.000% on 1 rank, 0.500% on 2" in line
