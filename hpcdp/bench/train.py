@@ -14,6 +14,11 @@ hpcdp's own per-step cost is measured against: the overhead is hpcdp's 1-rank
 step time minus the bare loop's, beside the step's split into data, compute and
 communication.
 
+Each `--models` name stands for one or more setups (hpcdp.bench.train_setups):
+`dlrm` for the click model under both embedding-gradient modes at two table
+sizes, with the bytes each sends (hpcdp.bench.train_recsys); `gpt2_124m` for
+the GPT-2 124M shape and its data share (hpcdp.bench.train_lm).
+
 `--mode ceiling` instead compares the README's plain launch commands (nothing
 exported) with W independent 1-rank runs at once (hpcdp.bench.ceiling).
 """
@@ -101,6 +106,22 @@ def steady_state(records: Sequence[Mapping[str, Any]], warmup_steps: int) -> dic
     return {"samples_per_s": samples / wall, "step_ms": 1000 * wall / steps,
             "data_ms": data / steps, "compute_ms": compute / steps, "comm_ms": comm / steps,
             "steps": steps}
+
+
+def window_mean(records: Sequence[Mapping[str, Any]], key: str, warmup_steps: int) -> float:
+    """The mean of a training record's `key` over the windows after `warmup_steps`,
+    weighted by each window's steps."""
+    train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
+    total, steps, prev = 0.0, 0, 0
+    for rec in train:
+        n, prev = int(rec["step"]) - prev, int(rec["step"])
+        if rec["step"] <= warmup_steps or n <= 0:
+            continue
+        total += float(rec[key]) * n
+        steps += n
+    if steps == 0:
+        raise ValueError(f"no training window with {key} after step {warmup_steps}")
+    return total / steps
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]],
@@ -250,7 +271,10 @@ def run_training(s: Setup, data: Path, np: int, run_dir: Path,
     records = read_metrics(run_dir)
     figures = steady_state(records, args.warmup)
     if s.model == "dlrm":
-        figures["table_mib"] = train_recsys.table_mib(records, args.warmup)
+        figures["table_mib"] = window_mean(records, "table_mb", args.warmup)
+    if s.seq_len:  # the trainer's own count: what each window held
+        figures["tokens_per_window"] = (window_mean(records, "tokens_per_s", args.warmup)
+                                        / window_mean(records, "samples_per_s", args.warmup))
     return {"model": s.label, "np": np, **figures, "wall_seconds": run.seconds}
 
 

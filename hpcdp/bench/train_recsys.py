@@ -10,7 +10,8 @@ in one fused collective instead of two all-gathers per table. The benchmark
 measures which wins where.
 
 Bytes per step: each run logs `table_mb`, the table gradients one rank hands to
-Horovod per batch (hpcdp.tasks.recsys); the bytes a rank sends follow from it,
+Horovod per batch (hpcdp.tasks.recsys; its mean is the run's `table_mib`); the
+bytes a rank sends follow from it,
 the MLPs' gradient bytes and the ring cost model (`grads.bytes_sent_per_rank`).
 One rank sends nothing, and there both modes run the same code (one rank's
 optimizers are not wrapped), so their 1-rank figures differ only by noise.
@@ -76,21 +77,6 @@ def overrides(v: Variant) -> list[str]:
 
 
 # --------------------------------------------------------------------------- pure
-
-
-def table_mib(records: Sequence[Mapping[str, Any]], warmup_steps: int) -> float:
-    """Mean `table_mb` of the training windows after `warmup_steps`, weighted by steps."""
-    train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
-    total, steps, prev = 0.0, 0, 0
-    for rec in train:
-        n, prev = int(rec["step"]) - prev, int(rec["step"])
-        if rec["step"] <= warmup_steps or n <= 0:
-            continue
-        total += float(rec["table_mb"]) * n
-        steps += n
-    if steps == 0:
-        raise ValueError(f"no training window with table_mb after step {warmup_steps}")
-    return total / steps
 
 
 def sent_mib(mode: str, payload_mib: float, mlp_bytes: int, ranks: int) -> float:

@@ -61,6 +61,8 @@ def test_bench_train_gpt2_shape_data_share(tmp_path: Path, capsys) -> None:
     assert "gpt2_124m: tokens/s 1 rank" in printed and "data share of the step" in printed
     result = json.loads((tmp_path / "train.json").read_text())
     s = result["summary"]["gpt2_124m"]
+    # The trainer's own tokens per window: the runs read windows of 1,024 tokens.
+    assert [r["tokens_per_window"] for r in result["runs"]] == pytest.approx([1024, 1024])
     assert s["seq_len"] == 1024
     assert s["tokens_per_s_1"] == pytest.approx(1024 * s["samples_per_s_1"])
     assert s["tokens_per_s_2"] == pytest.approx(1024 * s["samples_per_s_2"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpcdp.bench import targets, train_lm, train_recsys
-from hpcdp.bench.train import checks, lm_lines, parse_args, summarize
+from hpcdp.bench.train import checks, lm_lines, parse_args, summarize, window_mean
 from hpcdp.bench.train_setups import setups, train_overrides
 
 MIB = 2**20
@@ -72,11 +72,11 @@ def _rec(step: int, mib: float) -> dict:
     return {"kind": "train", "step": step, "table_mb": mib}
 
 
-def test_table_mib_leaves_out_the_warmup_and_weights_by_steps() -> None:
+def test_window_mean_leaves_out_the_warmup_and_weights_by_steps() -> None:
     records = [_rec(10, 100.0), _rec(20, 1.0), _rec(40, 4.0), {"kind": "val", "step": 40}]
-    assert train_recsys.table_mib(records, 10) == pytest.approx((10 * 1.0 + 20 * 4.0) / 30)
-    with pytest.raises(ValueError, match="no training window"):
-        train_recsys.table_mib(records, 40)
+    assert window_mean(records, "table_mb", 10) == pytest.approx((10 * 1.0 + 20 * 4.0) / 30)
+    with pytest.raises(ValueError, match="no training window with table_mb"):
+        window_mean(records, "table_mb", 40)
 
 
 def test_bytes_sent_by_one_rank_per_step() -> None:
