@@ -11,8 +11,8 @@ measures which wins where.
 
 Bytes per step: each run logs `table_mb`, the table gradients one rank hands to
 Horovod per batch (hpcdp.tasks.recsys; its mean is the run's `table_mib`); the
-bytes a rank sends follow from it,
-the MLPs' gradient bytes and the ring cost model (`grads.bytes_sent_per_rank`).
+bytes a rank sends follow from it, the MLPs' gradient bytes and the ring cost
+model (`grads.bytes_sent_per_rank`).
 One rank sends nothing, and there both modes run the same code (one rank's
 optimizers are not wrapped), so their 1-rank figures differ only by noise.
 """
@@ -30,7 +30,7 @@ from hpcdp.bench import common
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "clicks.toml"
 MODES = ("sparse", "dense")
 #: Click-log options of each table size (datasets/clicks.py): `small` has 1,105 table
-#: rows, nearly all touched by a batch of 256; `large` is the generator's default
+#: rows, most of them touched by a batch of 256; `large` is the generator's default
 #: (304,527 rows), of which a batch touches a few thousand.
 TABLES: dict[str, tuple[str, ...]] = {
     "small": ("--users", "100", "--items", "50", "--min-table", "10", "--max-table", "100"),
