@@ -25,6 +25,8 @@ BENCHMARKS: dict[str, str] = {
 #: Each plain launcher's samples/s over the ceiling's (hpcdp.bench.ceiling; here so that
 #: this module imports nothing heavy).
 TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
+#: The data share of the step time to stay under, where a model's target is not 5%.
+DATA_SHARE_OF = {"gpt2_124m": 0.02}
 ALLREDUCE_TARGET = 0.8  # Horovod's bus bandwidth over raw MPI's at the largest size
 
 
@@ -44,8 +46,9 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
                 continue
             rows.append((f"{model}: efficiency >= 90%", f"{s['efficiency']:.0%}",
                          s["efficiency"] >= 0.9))
-            rows.append((f"{model}: data share < 5%", f"{s['shares']['data']:.1%}",
-                         s["shares"]["data"] < 0.05))
+            share = DATA_SHARE_OF.get(model, 0.05)
+            rows.append((f"{model}: data share < {share:.0%}", f"{s['shares']['data']:.1%}",
+                         s["shares"]["data"] < share))
             if s.get("vs_ddp") is not None:
                 rows.append((f"{model}: hpcdp/DDP >= 1", f"{s['vs_ddp']:.2f}",
                              s["vs_ddp"] >= 1.0))

@@ -15,16 +15,15 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hpcdp import hvd_settings
 from hpcdp.bench import TARGET_VS_CEILING, common
-from hpcdp.launcher import LAUNCHERS, SETTINGS_VARS, kill_group, run_ranks
+from hpcdp.bench.processes import run_together
+from hpcdp.launcher import LAUNCHERS, SETTINGS_VARS, run_ranks
 
 CEILING = "ceiling"
 
@@ -90,33 +89,6 @@ def table(summary: Mapping[str, Mapping[str, Any]]) -> str:
 # --------------------------------------------------------------------------- runs
 
 
-def run_alone_at_once(argvs: Sequence[Sequence[str]], env: Mapping[str, str],
-                      timeout: float) -> tuple[bool, str, float]:
-    """Start every argv as its own process at once; kill them all at `timeout`.
-
-    Returns (all exited 0, their output, seconds).
-    """
-    start = time.monotonic()
-    procs = [subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for argv in argvs]
-    deadline = start + timeout
-    outputs, ok = [], True
-    for i, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                kill_group(other.pid, grace=1.0)
-            out, _ = proc.communicate()
-            out += f"\n[hpcdp bench] killed after the {timeout:.0f}s bound\n"
-        ok = ok and proc.returncode == 0
-        outputs.append(f"--- process {i} (exit {proc.returncode})\n{out}")
-    for proc in procs:
-        kill_group(proc.pid, grace=0.0)
-    return ok, "\n".join(outputs), time.monotonic() - start
-
-
 def ceiling_env(np: int, base: Mapping[str, str]) -> dict[str, str]:
     """Each process's environment: none of the caller's settings, then the threads
     hpcdp's rule gives `np` ranks sharing these CPUs (alone, a process would take them all)."""
@@ -131,12 +103,12 @@ def run_config(config: str, argv_for: Callable[[Path], list[str]], run_dir: Path
     """Run one configuration; the run folders whose metrics count, and a settings line."""
     if config == CEILING:
         dirs = [run_dir / f"alone{i}" for i in range(args.np)]
-        ok, output, _ = run_alone_at_once([argv_for(d) for d in dirs],
-                                          ceiling_env(args.np, {**os.environ, **base_env}),
-                                          args.timeout)
-        if not ok:
-            raise common.BenchError(f"the ceiling ({args.np} processes) failed:\n{output[-6000:]}")
-        return dirs, _settings(output)
+        env = ceiling_env(args.np, {**os.environ, **base_env})
+        done = run_together([argv_for(d) for d in dirs], [env] * len(dirs), args.timeout)
+        if not done.ok:
+            raise common.BenchError(
+                f"the ceiling ({args.np} processes) failed:\n{done.output[-6000:]}")
+        return dirs, _settings(done.output)
     run = run_ranks(argv_for(run_dir), np=args.np, launcher=config, timeout=args.timeout,
                     env=dict(base_env), plain=True)
     if not run.ok:
@@ -167,8 +139,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> tuple[dict[s
     summary = summarize(runs)
     verdict = checks(summary)
     print(f"\nplain launch commands (nothing exported) vs the ceiling ({args.np} independent "
-          f"1-rank runs at once), batch {args.batch}/rank, {args.steps} steps after "
-          f"{args.warmup} warm-up, median of {args.rounds} round(s)")
+          f"1-rank runs at once), batch {args.batch or 'the model default'}/rank, "
+          f"{args.steps} steps after {args.warmup} warm-up, median of {args.rounds} round(s)")
     print(table(summary))
     for model, s in summary.items():
         for name, launcher in s["launchers"].items():

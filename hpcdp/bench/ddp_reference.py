@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +36,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpcdp.bench.ddp_reference")
     p.add_argument("--data", required=True, help="folder holding train.h5")
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--width", type=int, default=0)
     p.add_argument("--cifar-stem", action="store_true")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--batch", type=int, default=32, help="per rank")
@@ -45,6 +43,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seq-len", type=int, default=64, help="gpt: tokens per window")
+    p.add_argument("--layers", type=int, default=2, help="gpt: transformer blocks")
+    p.add_argument("--heads", type=int, default=2, help="gpt: attention heads")
+    p.add_argument("--width", type=int, default=0,
+                   help="ResNet-18: first stage width (0: the model's default); gpt: the "
+                   "residual width (0: 64, lm_markov.toml's)")
     p.add_argument("--json", required=True, help="rank 0 writes its result here")
     p.add_argument("--bare", action="store_true",
                    help="no process group: a plain loop on one in-memory batch")
@@ -110,7 +113,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any, Any, Any]:
-    """The lm task's pieces: token windows, the GPT of lm_markov.toml's shape, AdamW groups."""
+    """The lm task's pieces: token windows, the GPT of the given shape (lm_markov.toml's by
+    default), AdamW groups."""
     import torch
 
     from hpcdp import gpt
@@ -119,7 +123,8 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
     reader = TokenReader(Path(args.data) / "train.h5", seq_len=args.seq_len,
                          batch_size=args.batch, rank=rank, world_size=size, seed=0)
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(reader.vocab_size, args.seq_len, layers=2, heads=2, width=64))
+    model = gpt.GPT(gpt.GPTConfig(reader.vocab_size, args.seq_len, layers=args.layers,
+                                  heads=args.heads, width=args.width or 64))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(gpt.param_groups(ddp.module, 0.1), lr=3e-3, betas=(0.9, 0.95))
     return reader, ddp, opt, lambda x, y: gpt.lm_loss(ddp(x), y)
@@ -179,32 +184,17 @@ def free_port() -> int:
 
 def launch(worker_args: Sequence[str], np: int, timeout: float) -> tuple[bool, str]:
     """Start `np` ranks as plain processes; kill them all at `timeout`. Returns (ok, output)."""
-    from hpcdp.launcher import kill_group
+    from hpcdp.bench.processes import run_together
 
     root = str(Path(__file__).resolve().parents[2])
     threads = hvd_settings.recommended_env(ranks=np)["OMP_NUM_THREADS"]  # hpcdp's rule, as hpcdp
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                 WORLD_SIZE=str(np), OMP_NUM_THREADS=threads, HDF5_USE_FILE_LOCKING="FALSE",
                 PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    procs = [subprocess.Popen([sys.executable, "-m", "hpcdp.bench.ddp_reference", *worker_args],
-                              env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for r in range(np)]
-    deadline = time.monotonic() + timeout
-    outputs, ok = [], True
-    for r, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                kill_group(other.pid, grace=1.0)
-            out, _ = proc.communicate()
-            out += f"\n[ddp_reference] killed after the {timeout:.0f}s bound\n"
-        ok = ok and proc.returncode == 0
-        outputs.append(f"--- rank {r} (exit {proc.returncode})\n{out}")
-    for proc in procs:
-        kill_group(proc.pid, grace=0.0)
-    return ok, "\n".join(outputs)
+    argv = [sys.executable, "-m", "hpcdp.bench.ddp_reference", *worker_args]
+    done = run_together([argv] * np, [dict(base, RANK=str(r)) for r in range(np)], timeout,
+                        label="rank")
+    return done.ok, done.output
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,11 @@ hpcdp's own per-step cost is measured against: the overhead is hpcdp's 1-rank
 step time minus the bare loop's, beside the step's split into data, compute and
 communication.
 
+Each `--models` name stands for one or more setups (hpcdp.bench.train_setups):
+`dlrm` for the click model under both embedding-gradient modes at two table
+sizes, with the bytes each sends (hpcdp.bench.train_recsys); `gpt2_124m` for
+the GPT-2 124M shape and its data share (hpcdp.bench.train_lm).
+
 `--mode ceiling` instead compares the README's plain launch commands (nothing
 exported) with W independent 1-rank runs at once (hpcdp.bench.ceiling).
 """
@@ -30,13 +35,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import TARGET_VS_CEILING, ceiling, common
+from hpcdp.bench import (
+    DATA_SHARE_OF,
+    TARGET_VS_CEILING,
+    ceiling,
+    common,
+    train_lm,
+    train_recsys,
+)
+from hpcdp.bench.train_setups import (
+    DEFAULT_MODELS,
+    MODELS,
+    Setup,
+    prepare_data,
+    setups,
+    train_overrides,
+)
 
-MODELS = ("digits_cnn", "resnet18", "gpt")
-DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.toml"
-LM_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lm_markov.toml"
 TARGET_EFFICIENCY = 0.9
 TARGET_DATA_SHARE = 0.05
+LM_SHAPE = "gpt2_124m"
 TARGET_VS_DDP = 1.0
 TARGET_VS_BARE = 0.98
 
@@ -90,6 +108,22 @@ def steady_state(records: Sequence[Mapping[str, Any]], warmup_steps: int) -> dic
             "steps": steps}
 
 
+def window_mean(records: Sequence[Mapping[str, Any]], key: str, warmup_steps: int) -> float:
+    """The mean of a training record's `key` over the windows after `warmup_steps`,
+    weighted by each window's steps."""
+    train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
+    total, steps, prev = 0.0, 0, 0
+    for rec in train:
+        n, prev = int(rec["step"]) - prev, int(rec["step"])
+        if rec["step"] <= warmup_steps or n <= 0:
+            continue
+        total += float(rec[key]) * n
+        steps += n
+    if steps == 0:
+        raise ValueError(f"no training window with {key} after step {warmup_steps}")
+    return total / steps
+
+
 def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]],
               ranks: int = 2, bare: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
     """Per model: medians over rounds, efficiency, the multi-rank split, the ratio to DDP,
@@ -107,11 +141,13 @@ def summarize(runs: Sequence[Mapping[str, Any]], ddp: Sequence[Mapping[str, Any]
                  for k in ("step_ms", "data_ms", "compute_ms", "comm_ms")}
         share = shares(split["step_ms"], split["data_ms"], split["compute_ms"], split["comm_ms"])
         ddp_rate = common.median(ref) if ref else None
+        data_share_1 = (common.median(r["data_ms"] for r in one)
+                        / common.median(r["step_ms"] for r in one))
         out[model] = {
             "samples_per_s_1": r1, f"samples_per_s_{ranks}": rn,
             "efficiency": efficiency(r1, rn, ranks),
             "efficiency_per_round": round_efficiencies(one, many, ranks),
-            **split, "shares": share,
+            **split, "shares": share, "data_share_1": data_share_1,
             f"ddp_samples_per_s_{ranks}": ddp_rate,
             "vs_ddp": rn / ddp_rate if ddp_rate else None,
             **versus_bare(one, [b for b in bare if b["model"] == model], rn, ranks),
@@ -161,11 +197,17 @@ def round_efficiencies(one: Sequence[Mapping[str, Any]], many: Sequence[Mapping[
 
 
 def checks(summary: Mapping[str, Mapping[str, Any]], model: str = "resnet18") -> dict[str, bool]:
-    """The issue's targets, for the model they are set on (when it was measured)."""
+    """The issues' targets, for the models they are set on (when they were measured)."""
+    found = {}
+    lm = summary.get(LM_SHAPE)
+    if lm is not None:  # the data share at the GPT-2 shape, on 1 rank and on 2
+        target = DATA_SHARE_OF[LM_SHAPE]
+        found[f"{LM_SHAPE} data share < {target:.0%} (1 and 2 ranks)"] = (
+            max(lm["data_share_1"], lm["shares"]["data"]) < target)
     s = summary.get(model)
     if s is None:
-        return {}
-    found = {f"{model} efficiency >= {TARGET_EFFICIENCY:.0%}":
+        return found
+    found |= {f"{model} efficiency >= {TARGET_EFFICIENCY:.0%}":
              s["efficiency"] >= TARGET_EFFICIENCY,
              f"{model} data share < {TARGET_DATA_SHARE:.0%}":
              s["shares"]["data"] < TARGET_DATA_SHARE}
@@ -216,88 +258,61 @@ def _pythonpath_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
-def prepare_data(root: Path, samples: int, timeout: float) -> dict[str, Path]:
-    """The digits and a synthetic CIFAR-shaped dataset, written once for every run."""
-    recipes = {
-        "gpt": [],
-        "digits_cnn": ["digits"],
-        "resnet18": ["synthetic", "--samples", str(samples), "--val-samples", "256",
-                     "--shape", "3,32,32", "--dtype", "uint8", "--classes", "10"],
-    }
-    paths = {}
-    for model, recipe in recipes.items():
-        out = root / model
-        cmd = [sys.executable, "-m", "hpcdp.data.prep", *recipe, "--out", str(out)]
-        if model == "gpt":  # the tiny GPT's demo corpus (tokens; sizes in docs/lm.md)
-            cmd = [sys.executable, "-m", "hpcdp.data.markov_prep", "--out", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **_pythonpath_env()})
-        if done.returncode:
-            raise common.BenchError(f"preparing {out} failed:\n{done.stdout}{done.stderr}")
-        paths[model] = out
-    return paths
-
-
-def train_overrides(model: str, data: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
-    """`hpcdp train` arguments: a fixed step count, windows of `warmup` steps, no extra output."""
-    config = {"digits_cnn": DIGITS_CONFIG, "gpt": LM_CONFIG}.get(model)
-    argv = ["--config", str(config)] if config else []
-    argv += [f"data.path={data}", f"run.dir={run_dir}", f"model.name={model}",
-             f"data.batch_size={args.batch}", f"run.max_steps={args.warmup + args.steps}",
-             "run.epochs=100000", f"log.every_steps={args.window}", "log.tensorboard=false",
-             "log.progress=false", "checkpoint.resume=none", "checkpoint.every_steps=0",
-             "checkpoint.keep=1"]
-    if model == "resnet18":
-        argv += [f"image.width={args.width}", f"image.cifar_stem={str(args.cifar_stem).lower()}"]
-    if model == "gpt":
-        argv += [f"lm.seq_len={args.seq_len}", "data.global_batch_size=0"]  # batch per rank
-    return argv + list(args.set)
-
-
-def run_training(model: str, data: Path, np: int, run_dir: Path,
+def run_training(s: Setup, data: Path, np: int, run_dir: Path,
                  args: argparse.Namespace) -> dict[str, Any]:
-    """One real training run on `np` ranks; its steady-state figures."""
+    """One real training run on `np` ranks; its steady-state figures (and, for the click
+    model, the table gradient MiB one rank hands to Horovod per step)."""
     from hpcdp.launcher import run_ranks
-    from hpcdp.metrics import read_jsonl
 
-    argv = [sys.executable, "-m", "hpcdp.train", *train_overrides(model, data, run_dir, args)]
+    argv = [sys.executable, "-m", "hpcdp.train", *train_overrides(s, data, run_dir, args)]
     run = run_ranks(argv, np=np, launcher="mpirun", timeout=args.timeout, env=_pythonpath_env())
     if not run.ok:
-        raise common.BenchError(f"{model} on {np} rank(s) failed:\n{run.describe()[-6000:]}")
-    figures = steady_state(read_jsonl(run_dir / "metrics.jsonl"), args.warmup)
-    return {"model": model, "np": np, **figures, "wall_seconds": run.seconds}
+        raise common.BenchError(f"{s.label} on {np} rank(s) failed:\n{run.describe()[-6000:]}")
+    records = read_metrics(run_dir)
+    figures = steady_state(records, args.warmup)
+    if s.model == "dlrm":
+        figures["table_mib"] = window_mean(records, "table_mb", args.warmup)
+    if s.seq_len:  # the trainer's own count: what each window held
+        figures["tokens_per_window"] = (window_mean(records, "tokens_per_s", args.warmup)
+                                        / window_mean(records, "samples_per_s", args.warmup))
+    return {"model": s.label, "np": np, **figures, "wall_seconds": run.seconds}
 
 
-def run_ddp(model: str, data: Path, np: int, json_path: Path,
+def reference_args(s: Setup, data: Path, args: argparse.Namespace) -> list[str]:
+    """hpcdp.bench.ddp_reference's arguments for the same model, data and batch."""
+    wargs = ["--data", str(data), "--model", s.model, "--batch", str(s.batch),
+             "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if s.model == "resnet18":
+        wargs += ["--width", str(args.width)] + (["--cifar-stem"] if args.cifar_stem else [])
+    if s.label == "gpt2_124m":
+        wargs += train_lm.ddp_args()
+    elif s.model == "gpt":
+        wargs += ["--seq-len", str(s.seq_len)]
+    return wargs
+
+
+def run_ddp(s: Setup, data: Path, np: int, json_path: Path,
             args: argparse.Namespace) -> dict[str, Any]:
     from hpcdp.bench import ddp_reference
 
-    wargs = ["--data", str(data), "--model", model, "--batch", str(args.batch),
-             "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(json_path)]
-    if model == "resnet18":
-        wargs += ["--width", str(args.width)] + (["--cifar-stem"] if args.cifar_stem else [])
-    if model == "gpt":
-        wargs += ["--seq-len", str(args.seq_len)]
-    ok, output = ddp_reference.launch(wargs, np, args.timeout)
+    ok, output = ddp_reference.launch([*reference_args(s, data, args), "--json",
+                                       str(json_path)], np, args.timeout)
     if not ok:
-        raise common.BenchError(f"DDP reference for {model} failed:\n{output[-6000:]}")
-    return {"model": model, "np": np, **common.read_json(json_path)}
+        raise common.BenchError(f"DDP reference for {s.label} failed:\n{output[-6000:]}")
+    return {"model": s.label, "np": np, **common.read_json(json_path)}
 
 
-def run_bare(model: str, data: Path, np: int, json_path: Path,
+def run_bare(s: Setup, data: Path, np: int, json_path: Path,
              args: argparse.Namespace) -> dict[str, Any]:
     """`np` independent bare loops at once (hpcdp.bench.ddp_reference --bare)."""
     from hpcdp.bench import ddp_reference
 
-    wargs = ["--data", str(data), "--model", model, "--batch", str(args.batch),
-             "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    if model == "resnet18":
-        wargs += ["--width", str(args.width)] + (["--cifar-stem"] if args.cifar_stem else [])
-    ok, output, figures = ddp_reference.launch_bare(wargs, json_path, np, args.timeout)
+    ok, output, figures = ddp_reference.launch_bare(reference_args(s, data, args), json_path,
+                                                    np, args.timeout)
     if not ok:
-        raise common.BenchError(f"bare loop for {model} on {np} process(es) failed:\n"
+        raise common.BenchError(f"bare loop for {s.label} on {np} process(es) failed:\n"
                                 f"{output[-6000:]}")
-    return {"model": model, "np": np, **figures}
+    return {"model": s.label, "np": np, **figures}
 
 
 def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -> Path:
@@ -316,7 +331,7 @@ def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -
     width = 0.8 / len(bars)
     for i, (label, values) in enumerate(bars.items()):
         ax1.bar([j + i * width for j in range(len(models))], values, width, label=label)
-    ax1.set_xticks([j + width for j in range(len(models))], models)
+    ax1.set_xticks([j + width for j in range(len(models))], models, rotation=15, fontsize=8)
     ax1.set_ylabel("samples/s (all ranks)")
     ax1.set_title("weak scaling")
     ax1.legend(fontsize=8)
@@ -325,6 +340,7 @@ def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -
         values = [summary[m]["shares"][part] for m in models]
         ax2.bar(models, values, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, values)]
+    ax2.tick_params(axis="x", labelrotation=15, labelsize=8)
     ax2.set_ylabel(f"share of step time, {ranks} ranks")
     ax2.set_title("where a step goes")
     ax2.legend(fontsize=8)
@@ -337,9 +353,14 @@ def plot(summary: Mapping[str, Mapping[str, Any]], path: Path, ranks: int = 2) -
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hpcdp bench train", description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=",".join(MODELS),
-                   help="comma list of digits_cnn,resnet18,gpt (gpt: hpcdp/configs/lm_markov.toml)")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                   help=f"comma list of {','.join(MODELS)} (gpt: hpcdp/configs/lm_markov.toml; "
+                   "gpt2_124m: the GPT-2 124M shape, 1024 tokens; dlrm: the click model, two "
+                   "table sizes x two gradient modes)")
     p.add_argument("--seq-len", type=int, default=64, help="gpt: tokens per window")
+    p.add_argument("--tables", default=",".join(train_recsys.TABLES),
+                   help="dlrm: the table sizes to measure (comma list of "
+                   f"{','.join(train_recsys.TABLES)})")
     p.add_argument("--steps", type=int, default=40, help="timed steps per run, after the warm-up")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start")
     p.add_argument("--window", type=int, default=10,
@@ -347,7 +368,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of alternating runs (median; 2 rounds moved the ResNet-18 "
                    "efficiency by +-4 points between runs)")
-    p.add_argument("--batch", type=int, default=32, help="per rank")
+    p.add_argument("--batch", type=int, default=None,
+                   help="per rank (default: 256 rows for dlrm, 1 window for gpt2_124m, else 32)")
     p.add_argument("--width", type=int, default=32, help="ResNet-18 width (first stage)")
     p.add_argument("--cifar-stem", action="store_true",
                    help="ResNet-18 with the 3x3 CIFAR stem (about 16x the compute per sample)")
@@ -375,10 +397,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(err))
     if args.np < 1:
         p.error(f"--np must be positive, got {args.np}")
+    args.tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    if not args.tables or set(args.tables) - set(train_recsys.TABLES):
+        p.error(f"--tables: choose from {', '.join(train_recsys.TABLES)}, got {args.tables}")
     bad = [m for m in args.models if m not in MODELS]
     if bad or not args.models:
         p.error(f"--models: unknown {bad}; choose from {', '.join(MODELS)}")
-    if min(args.steps, args.window, args.batch, args.rounds) < 1 or args.warmup < 0:
+    batch = 1 if args.batch is None else args.batch
+    if min(args.steps, args.window, args.rounds, batch) < 1 or args.warmup < 0:
         p.error("--steps, --window, --batch and --rounds must be positive, --warmup >= 0")
     if args.warmup % args.window or args.steps % args.window:
         p.error(f"--window {args.window} must divide --warmup {args.warmup} "
@@ -386,25 +412,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_ceiling_rounds(data: Mapping[str, Path], work: Path,
+def run_ceiling_rounds(chosen: Sequence[Setup], data: Mapping[str, Path], work: Path,
                        args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every round: the ceiling and each plain launcher, per model, in a rotating order."""
+    """Every round: the ceiling and each plain launcher, per setup, in a rotating order."""
     runs: list[dict[str, Any]] = []
     configs = [ceiling.CEILING, *args.launchers]
     for rnd in range(args.rounds):
-        for model in args.models:
+        for s in chosen:
             for config in ceiling.round_order(configs, rnd):
-                run_dir = work / f"{model}-{config}-r{rnd}"
-                argv_for = lambda d, m=model: [  # noqa: E731 - one run folder per process
+                run_dir = work / f"{s.label}-{config}-r{rnd}"
+                argv_for = lambda d, s=s: [  # noqa: E731 - one run folder per process
                     sys.executable, "-m", "hpcdp.train",
-                    *train_overrides(m, data[m], d, args)]
+                    *train_overrides(s, data[s.data], d, args)]
                 dirs, settings = ceiling.run_config(config, argv_for, run_dir, args,
                                                     _pythonpath_env())
                 rate = sum(steady_state(read_metrics(d), args.warmup)["samples_per_s"]
                            for d in dirs)
-                runs.append({"round": rnd, "model": model, "config": config,
+                runs.append({"round": rnd, "model": s.label, "config": config,
                              "samples_per_s": rate, "settings": settings})
-                print(f"round {rnd} {model} {config}: {rate:.1f} samples/s"
+                print(f"round {rnd} {s.label} {config}: {rate:.1f} samples/s"
                       + (f" [{settings}]" if settings else ""), flush=True)
     return runs
 
@@ -420,8 +446,9 @@ def main_ceiling(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-ceiling-") as tmp:
         work = Path(tmp)
         try:
-            data = prepare_data(work / "data", args.samples, args.timeout)
-            runs = run_ceiling_rounds(data, work, args)
+            chosen = setups(args.models, args)
+            data = prepare_data(work / "data", chosen, args)
+            runs = run_ceiling_rounds(chosen, data, work, args)
         except (common.BenchError, subprocess.TimeoutExpired, ValueError,
                 FileNotFoundError) as err:
             print(f"hpcdp bench train: {err}", file=sys.stderr)
@@ -435,75 +462,123 @@ def main_ceiling(args: argparse.Namespace) -> int:
     return 1 if args.check and not met else 0
 
 
+def run_rounds(chosen: Sequence[Setup], data: Mapping[str, Path], work: Path,
+               args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every round: each setup on 1 and 2 ranks (order alternating by round), then its
+    references: DDP on 2 ranks, the bare loop in 1 and 2 processes."""
+    found: dict[str, list[dict[str, Any]]] = {"runs": [], "ddp": [], "bare": []}
+
+    def add(kind: str, rnd: int, what: str, result: dict[str, Any]) -> None:
+        found[kind].append({"round": rnd, **result})
+        print(f"round {rnd} {what}: {result['samples_per_s']:.4g} samples/s", flush=True)
+
+    for rnd in range(args.rounds):
+        for s in chosen:
+            for np in (1, 2) if rnd % 2 == 0 else (2, 1):
+                add("runs", rnd, f"{s.label} {np} rank(s)", run_training(
+                    s, data[s.data], np, work / f"{s.label}-np{np}-r{rnd}", args))
+            if not args.no_ddp and s.has_ddp:
+                add("ddp", rnd, f"{s.label} DDP 2 ranks", run_ddp(
+                    s, data[s.data], 2, work / f"ddp-{s.label}-{rnd}.json", args))
+            for np in (1, 2) if not args.no_bare and s.has_bare else ():
+                add("bare", rnd, f"{s.label} bare loop, {np} process(es)", run_bare(
+                    s, data[s.data], np, work / f"bare-{s.label}-{np}-{rnd}.json", args))
+    return found
+
+
+def lm_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per language model: tokens/s on 1 and 2 ranks, DDP's, the data shares."""
+    lines = []
+    for label, g in summary.items():
+        if "tokens_per_s_1" not in g:
+            continue
+        ddp_text = (f", DDP 2 ranks {g['ddp_tokens_per_s_2']:.0f}"
+                    if g.get("ddp_tokens_per_s_2") else "")
+        lines.append(f"  {label}: tokens/s 1 rank {g['tokens_per_s_1']:.0f}, 2 ranks "
+                     f"{g['tokens_per_s_2']:.0f}{ddp_text} (windows of {g['seq_len']} tokens); "
+                     f"data share of the step {100 * g['data_share_1']:.3f}% on 1 rank, "
+                     f"{100 * g['shares']['data']:.3f}% on 2")
+    return lines
+
+
+def report(summary: dict[str, dict[str, Any]], chosen: Sequence[Setup], found: Mapping[str, Any],
+           data: Mapping[str, Path], args: argparse.Namespace) -> dict[str, Any]:
+    """Print every table; the recsys comparison for the JSON (empty without dlrm)."""
+    batches = ", ".join(sorted({f"{s.batch} ({s.model})" for s in chosen}))
+    print(f"\nweak scaling, 1 vs 2 ranks (mpirun, one thread per rank), batch per rank "
+          f"{batches}, {args.steps} steps after {args.warmup} warm-up, median of "
+          f"{args.rounds} round(s); shares of the 2-rank step time")
+    print(table(summary))
+    for line in lm_lines(summary):
+        print(line)
+    comparison = recsys_comparison(summary, found["runs"], chosen, data, args)
+    if comparison:
+        print("\nclick model (dlrm): sparse (all-gather of the looked-up rows) against dense "
+              "(sparse_as_dense) embedding gradients; sent MiB/step: one rank, 2 ranks, ring "
+              "model; wins by: 2-rank samples/s over the other mode's")
+        print(train_recsys.table(comparison))
+    if found["bare"]:
+        print("\nper-step overhead: hpcdp's 1-rank step minus the bare loop's (same model and "
+              "batch, one in-memory batch); hpcdp/bare n: n ranks against n bare processes")
+        print(overhead_table(summary))
+    for label, s in summary.items():
+        per_round = s["efficiency_per_round"]
+        if len(per_round) > 1:
+            print(f"  {label}: efficiency per round "
+                  + ", ".join(f"{e:.0%}" for e in per_round))
+    return comparison
+
+
+def recsys_comparison(summary: Mapping[str, Mapping[str, Any]], runs: Sequence[Mapping[str, Any]],
+                      chosen: Sequence[Setup], data: Mapping[str, Path],
+                      args: argparse.Namespace) -> dict[str, Any]:
+    """The click model's modes side by side per table size, with bytes per step."""
+    clicks = [s for s in chosen if s.model == "dlrm"]
+    if not clicks:
+        return {}
+    mine = {s.label: [r for r in runs if r["model"] == s.label and r["np"] == 2]
+            for s in clicks}
+    payloads = {label: common.median(r["table_mib"] for r in rs) for label, rs in mine.items()}
+    per_round = {label: {r["round"]: r["samples_per_s"] for r in rs}
+                 for label, rs in mine.items()}
+    # Every setup of the click model has the same MLPs: their bytes from any one.
+    first = clicks[0]
+    mlp = train_recsys.mlp_bytes([*first.overrides, *args.set], data[first.data])
+    return train_recsys.compare(summary, payloads, mlp, per_round=per_round)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.mode == "ceiling":
         return main_ceiling(args)
     out = Path(args.out)
-    runs: list[dict[str, Any]] = []
-    ddp: list[dict[str, Any]] = []
-    bare: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-train-") as tmp:
         work = Path(tmp)
         try:
-            data = prepare_data(work / "data", args.samples, args.timeout)
-            for rnd in range(args.rounds):
-                for model in args.models:
-                    order = (1, 2) if rnd % 2 == 0 else (2, 1)
-                    for np in order:
-                        run_dir = work / f"{model}-np{np}-r{rnd}"
-                        runs.append({"round": rnd, **run_training(model, data[model], np,
-                                                                  run_dir, args)})
-                        print(f"round {rnd} {model} {np} rank(s): "
-                              f"{runs[-1]['samples_per_s']:.1f} samples/s", flush=True)
-                    if not args.no_ddp:
-                        ddp.append({"round": rnd, **run_ddp(model, data[model], 2,
-                                                            work / f"ddp-{model}-{rnd}.json",
-                                                            args)})
-                        print(f"round {rnd} {model} DDP 2 ranks: "
-                              f"{ddp[-1]['samples_per_s']:.1f} samples/s", flush=True)
-                    bare_np = (1, 2) if not args.no_bare and model != "gpt" else ()
-                    for np in bare_np:  # the bare loop is an image model's (ddp_reference)
-                        bare.append({"round": rnd, **run_bare(
-                            model, data[model], np, work / f"bare-{model}-{np}-{rnd}.json",
-                            args)})
-                        print(f"round {rnd} {model} bare loop, {np} process(es): "
-                              f"{bare[-1]['samples_per_s']:.1f} samples/s", flush=True)
+            chosen = setups(args.models, args)
+            data = prepare_data(work / "data", chosen, args)
+            found = run_rounds(chosen, data, work, args)
+            summary = summarize(found["runs"], found["ddp"], bare=found["bare"])
+            for s in chosen:
+                if s.seq_len:
+                    summary[s.label].update(token_rates(summary[s.label], s.seq_len),
+                                            seq_len=s.seq_len)
+            comparison = report(summary, chosen, found, data, args)
         except (common.BenchError, subprocess.TimeoutExpired, ValueError,
                 FileNotFoundError) as err:
             print(f"hpcdp bench train: {err}", file=sys.stderr)
             return 1
-    summary = summarize(runs, ddp, bare=bare)
-    if "gpt" in summary:
-        summary["gpt"].update(token_rates(summary["gpt"], args.seq_len))
     verdict = checks(summary)
-    print(f"\nweak scaling, 1 vs 2 ranks (mpirun, one thread per rank), batch {args.batch}/rank, "
-          f"{args.steps} steps after {args.warmup} warm-up, median of {args.rounds} round(s); "
-          f"shares of the 2-rank step time")
-    print(table(summary))
-    if "gpt" in summary:
-        g = summary["gpt"]
-        ddp_text = (f", DDP 2 ranks {g['ddp_tokens_per_s_2']:.0f}"
-                    if g.get("ddp_tokens_per_s_2") else "")
-        print(f"  gpt: tokens/s 1 rank {g['tokens_per_s_1']:.0f}, 2 ranks "
-              f"{g['tokens_per_s_2']:.0f}{ddp_text} (windows of {args.seq_len} tokens)")
-    if bare:
-        print("\nper-step overhead: hpcdp's 1-rank step minus the bare loop's (same model and "
-              "batch, one in-memory batch); hpcdp/bare n: n ranks against n bare processes")
-        print(overhead_table(summary))
-    for model, s in summary.items():
-        per_round = s["efficiency_per_round"]
-        if len(per_round) > 1:
-            print(f"  {model}: efficiency per round "
-                  + ", ".join(f"{e:.0%}" for e in per_round))
     for name, ok in verdict.items():
         print(f"  {'met ' if ok else 'MISSED'}  {name}")
     payload = {
         "benchmark": "train",
-        "params": {k: v for k, v in vars(args).items() if k not in ("out", "name")},
+        "params": {k: v for k, v in vars(args).items()
+                   if k not in ("out", "name")},
         "targets": {"efficiency": TARGET_EFFICIENCY, "data_share": TARGET_DATA_SHARE,
+                    "data_share_of": DATA_SHARE_OF,
                     "vs_ddp": TARGET_VS_DDP, "vs_bare": TARGET_VS_BARE},
-        "runs": runs, "ddp": ddp, "bare": bare,
+        **found, "recsys": comparison,
         "summary": {**summary, "checks": verdict},
     }
     print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")

@@ -35,9 +35,8 @@ def autocast(cfg: Config, device: torch.device) -> Any:
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def forward_backward(run: Run, batch: Any, sums: MetricSums, nan: bool) -> None:
-    """One batch: the task's loss, scaled for accumulation, backward; metrics added."""
-    inputs, targets = run.task.prepare(batch, run.cfg, run.device)
+def forward_backward(run: Run, inputs: Any, targets: Any, sums: MetricSums, nan: bool) -> None:
+    """One prepared batch: the task's loss, scaled for accumulation, backward; metrics added."""
     watchdog.phase("forward")
     with autocast(run.cfg, run.device):
         out = run.model(inputs)
@@ -70,8 +69,11 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
         batch = next(it)
         if on_batch is not None:
             on_batch(batch, step)
+        # Data time ends with the batch on the device (the task's prepare), as a data
+        # share of the step means: what the step waits for before it can compute.
+        inputs, targets = run.task.prepare(batch, run.cfg, run.device)
         t1 = time.perf_counter()
-        forward_backward(run, batch, sums, nan)
+        forward_backward(run, inputs, targets, sums, nan)
         t_data += t1 - t0
         t_compute += time.perf_counter() - t1
     t2 = time.perf_counter()
