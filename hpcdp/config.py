@@ -42,6 +42,9 @@ class RunConfig:
     stop_at_step: int = 0  # test hook: checkpoint and stop at this step as if preempted; 0: off
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU; uses a GradScaler)
     device: str = "auto"  # auto | cpu | cuda
+    # auto: on CPUs, where the launcher leaves the node's ranks sharing one CPU mask
+    # (horovodrun), pin each rank to its own share of it, as mpirun would | none
+    cpu_bind: str = "auto"
     on_nan: str = "stop"  # non-finite loss/gradients: stop (error, no save) | skip the update
     # The stall watchdog (docs/stalls.md): abort the job, naming the ranks behind, when no
     # step boundary comes within the bound. Negative: auto (the larger of stall_floor_s and
@@ -265,6 +268,7 @@ class Config:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.precision": ("fp32", "bf16", "fp16"),
+    "run.cpu_bind": ("auto", "none"),
     "run.device": ("auto", "cpu", "cuda"),
     "run.on_nan": ("stop", "skip"),
     "optim.name": ("sgd", "adamw"),

@@ -9,6 +9,7 @@ job down instead of leaving the others waiting in a collective forever.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -73,20 +74,30 @@ _runtime: hvd_settings.RuntimePlan | None = None
 
 
 def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
-         environ: MutableMapping[str, str] | None = None) -> hvd_settings.RuntimePlan:
+         environ: MutableMapping[str, str] | None = None,
+         cpu_bind: str = "auto") -> hvd_settings.RuntimePlan:
     """Apply hpcdp's runtime settings, then hvd.init() (a collective every rank reaches first).
 
     `on_gpu`: whether gradients will live on GPUs (it decides the fusion threshold).
     Threads and MPI yielding follow hvd_settings.plan_runtime for the CPUs this
     rank may use, unless exported; they go into the environment before hvd.init()
     starts MPI. A malformed OMP_NUM_THREADS is an AgreedError on every rank alike.
+    On CPUs (`cpu_bind` auto) a rank whose launcher left the node's ranks sharing
+    one mask is pinned to its share (hvd_settings.cpu_share) before Horovod and MPI
+    start their threads, which inherit it.
     """
     global _runtime
     environ = os.environ if environ is None else environ
+    view = hvd_settings.probe()
     try:
-        plan = hvd_settings.apply(environ)
+        plan = hvd_settings.apply(environ, view)
     except ValueError as exc:
         raise AgreedError(str(exc)) from exc
+    if not on_gpu and cpu_bind == "auto":
+        share = hvd_settings.cpu_share(view, plan.local_ranks, hvd_settings.local_rank(environ),
+                                       environ)
+        if share and hvd_settings.pin_process(share):
+            plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)
     env = horovod_env(hc, run_dir, on_gpu, environ)
     if "HOROVOD_TIMELINE" in env:

@@ -52,7 +52,8 @@ def train(cfg: Config, task: Task) -> int:
 
         preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
     dist.init(cfg.horovod, cfg.run_dir,
-              on_gpu=dist.wants_gpu(cfg.run.device, torch.cuda.is_available()))
+              on_gpu=dist.wants_gpu(cfg.run.device, torch.cuda.is_available()),
+              cpu_bind=cfg.run.cpu_bind)
     setup_logging(None, dist.rank() == 0)
     watchdog.start(cfg.run, dist.rank(), dist.size(), cfg.run_dir, lambda: dist.abort_job(1))
     with dist.abort_on_error():

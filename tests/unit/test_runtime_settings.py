@@ -225,3 +225,63 @@ def test_probe_of_this_process() -> None:
     found = cpus.probe()
     assert found.affinity and found.affinity <= found.pool
     assert found.quota is None or found.quota > 0
+
+
+# --------------------------------------------------------------------------- pinning
+
+
+@pytest.mark.parametrize(("mask", "ranks", "rank", "environ", "share"), [
+    (range(2), 2, 0, {}, {0}),                 # horovodrun -np 2 on 2 cores: a core each
+    (range(2), 2, 1, {}, {1}),
+    (range(7), 2, 1, {}, {3, 4, 5}),           # shares of equal size; CPU 6 left over
+    ({0, 2, 4, 6}, 2, 1, {}, {4, 6}),          # the mask's own CPUs, in order
+    (range(64), 8, 7, {}, set(range(56, 64))),
+    (range(2), 1, 0, {}, None),                # one rank: nothing to share
+    (range(2), 2, None, {}, None),             # the launcher did not say which rank
+    (range(2), 3, 2, {}, None),                # fewer CPUs than ranks
+    (range(4), 2, 0, {"SLURM_CPU_BIND_TYPE": "none"}, None),  # srun --cpu-bind=none
+])
+def test_cpu_share(mask, ranks: int, rank: int | None, environ: dict[str, str],
+                   share: set[int] | None) -> None:
+    got = hvd_settings.cpu_share(view(mask), ranks, rank, environ)
+    assert got == (frozenset(share) if share is not None else None)
+
+
+def test_a_rank_the_launcher_bound_is_not_pinned_again() -> None:
+    bound = view({1}, pool=range(2))
+    assert hvd_settings.cpu_share(bound, 2, 1, {"OMPI_MCA_orte_bound_at_launch": "1"}) is None
+
+
+def test_local_rank_and_cpu_list() -> None:
+    assert hvd_settings.local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == 1
+    assert hvd_settings.local_rank({"HOROVOD_LOCAL_RANK": "3"}) == 3
+    assert hvd_settings.local_rank({"SLURM_LOCALID": "0"}) == 0
+    assert hvd_settings.local_rank({"SLURM_LOCALID": "x"}) is None
+    assert hvd_settings.local_rank({}) is None
+    assert hvd_settings.cpu_list(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
+    plan = hvd_settings.plan_runtime(view(range(2)), 2, {})
+    import dataclasses
+
+    pinned = dataclasses.replace(plan, pinned=frozenset({1}))
+    assert pinned.describe() == plan.describe() + ", pinned to CPU 1"
+
+
+def test_pin_process_reaches_threads_started_before_and_after() -> None:
+    import subprocess
+    import sys
+
+    code = """
+import os, threading, time
+from hpcdp import hvd_settings
+before = threading.Thread(target=time.sleep, args=(1,)); before.start()
+cpu = min(os.sched_getaffinity(0))
+assert hvd_settings.pin_process(frozenset({cpu}))
+seen = {}
+after = threading.Thread(target=lambda: seen.update(after=os.sched_getaffinity(0))); after.start()
+after.join()
+print(sorted(os.sched_getaffinity(before.native_id)), sorted(seen['after']), cpu)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split("\n")[0]
+    cpu = out.split()[-1]
+    assert out == f"[{cpu}] [{cpu}] {cpu}"
