@@ -503,9 +503,11 @@ class ShardedReader:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         try:
             for _ in range(plan.steps):
-                batch = source.get()
+                # Checked before asking: a stopped source answers with its own error (a
+                # closed generator, a prefetch thread gone), which would not say why.
                 if self._active is not source:
                     raise ReaderError(f"{self.path}: the reader was reset while iterating")
+                batch = source.get()
                 # Count what the consumer received, not what the thread read ahead.
                 self._position += plan.per_stream
                 yield batch
