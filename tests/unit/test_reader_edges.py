@@ -19,7 +19,29 @@ import torch
 from hpcdp.data import partition as pt
 from hpcdp.data import reader as rd
 from hpcdp.data.reader import ReaderError, ShardedReader
-from tests.unit.test_reader import make_file, read_all
+
+
+def make_file(path: Path, n: int, chunk: int | None = 16) -> Path:
+    """x[i] = (i, -i) and y[i] = i: every sample names itself."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        x = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(np.float32)
+        f.create_dataset("x", data=x, chunks=(chunk, 2) if chunk else None)
+        f.create_dataset("y", data=np.arange(n, dtype=np.int64), chunks=(chunk,) if chunk else None)
+    return path
+
+
+def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
+    """The labels of the pass (its first `steps` batches), checking content follows labels."""
+    out = []
+    for j, (x, y) in enumerate(reader):
+        assert y is not None
+        np.testing.assert_array_equal(x[:, 0].numpy(), y.numpy())
+        out.append(y.numpy())
+        if steps is not None and j + 1 == steps:
+            break
+    return np.stack(out) if out else np.zeros((0, reader.batch_size), np.int64)
 
 
 @pytest.fixture
