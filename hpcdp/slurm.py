@@ -522,6 +522,9 @@ def submit(script: str, sbatch: str = "sbatch", args: Sequence[str] = (),
                               text=True, timeout=timeout, check=False)
     except FileNotFoundError:
         raise RuntimeError(f"{sbatch} not found: is Slurm's client installed here?") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{sbatch} did not answer within {timeout:g}s: is Slurm's "
+                           "controller reachable?") from None
     if done.returncode != 0:
         raise RuntimeError(f"sbatch failed (exit {done.returncode}): {done.stderr.strip()}")
     # --parsable prints "jobid" or "jobid;cluster".

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make mutate`: mutation testing of the pure core (the modules listed under
 # [tool.mutmut] in pyproject.toml) with the unit tests as the oracle, then a
-# report per module (scripts/mutation_report.py). Takes most of an hour or more on 2
-# busy cores (figures: docs/testing.md); the reader's mutants dominate.
+# report per module (scripts/mutation_report.py). Takes about 35 minutes on 2 busy
+# cores (figures: docs/testing.md); the reader's and partition's mutants dominate.
 set -euo pipefail
 VENV=${VENV:-.venv}
 rm -rf mutants

@@ -1,7 +1,8 @@
 """Per-module mutation scores from mutmut's results, less the listed equivalent mutants.
 
 Reads mutants/**/*.py.meta (what `mutmut run` leaves: each mutant's exit code;
-1 means a test failed, so the mutant was killed) and tests/mutation/equivalent.toml
+1 means a test failed, so the mutant was killed; a timeout means the tests hung,
+which a time-bounded suite counts as a failure too) and tests/mutation/equivalent.toml
 (mutants that cannot change behaviour, each with its reason). Prints one row a
 module and exits 1 when a module keeps more than --max-survivors of its mutants.
 """
@@ -17,6 +18,9 @@ from pathlib import Path
 import tomllib
 
 KILLED, SURVIVED = 1, 0
+#: mutmut's codes for a mutant whose tests ran past its time limit (SIGXCPU, its own 36):
+#: the mutant made them hang, so it is detected, and counted with the killed.
+TIMEOUTS = frozenset({36, 24, -24, 152, 255})
 
 
 def module_of(key: str) -> str:
@@ -25,7 +29,7 @@ def module_of(key: str) -> str:
 
 
 def tally(codes: dict[str, int | None], equivalent: set[str]) -> dict[str, Counter]:
-    """{module: Counter(killed, survived, equivalent, other)} from mutant exit codes (pure)."""
+    """{module: Counter(killed, timeout, survived, equivalent, other)} from exit codes (pure)."""
     per: dict[str, Counter] = {}
     for key, code in codes.items():
         c = per.setdefault(module_of(key), Counter())
@@ -33,6 +37,8 @@ def tally(codes: dict[str, int | None], equivalent: set[str]) -> dict[str, Count
             c["equivalent"] += 1
         elif code == KILLED:
             c["killed"] += 1
+        elif code in TIMEOUTS:
+            c["timeout"] += 1
         elif code == SURVIVED:
             c["survived"] += 1
         else:  # no tests reached it, timeout, suspicious: counted against the module
@@ -41,7 +47,7 @@ def tally(codes: dict[str, int | None], equivalent: set[str]) -> dict[str, Count
 
 
 def survivor_share(c: Counter) -> float:
-    judged = c["killed"] + c["survived"] + c["other"]
+    judged = c["killed"] + c["timeout"] + c["survived"] + c["other"]
     return (c["survived"] + c["other"]) / judged if judged else 0.0
 
 
@@ -66,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         args.equivalent).exists() else {}
     stale = sorted(set(listed) - set(codes))
     per = tally(codes, set(listed))
-    print(f"{'module':<28} {'mutants':>7} {'killed':>7} {'survived':>8} {'untested':>8} "
-          f"{'equiv.':>6} {'surviving':>9}")
+    print(f"{'module':<28} {'mutants':>7} {'killed':>7} {'timeout':>7} {'survived':>8} "
+          f"{'untested':>8} {'equiv.':>6} {'surviving':>9}")
     failed = False
     for module, c in sorted(per.items()):
         share = survivor_share(c)
         failed |= share > args.max_survivors
-        print(f"{module:<28} {sum(c.values()):>7} {c['killed']:>7} {c['survived']:>8} "
-              f"{c['other']:>8} {c['equivalent']:>6} {share:>8.1%}")
+        print(f"{module:<28} {sum(c.values()):>7} {c['killed']:>7} {c['timeout']:>7} "
+              f"{c['survived']:>8} {c['other']:>8} {c['equivalent']:>6} {share:>8.1%}")
     for key in stale:
         print(f"note: {key} is listed as equivalent but no longer exists", file=sys.stderr)
     return 1 if failed else 0

@@ -192,9 +192,11 @@ class EpochReader:
     def _consume(self, source: Prefetcher | Inline, steps: int) -> Iterator[Any]:
         try:
             for _ in range(steps):
-                batch = source.get()
+                # Checked before asking: a stopped source answers with its own error (a
+                # closed generator, a prefetch thread gone), which would not say why.
                 if self._active is not source:
                     raise self.error(f"{self.path}: the reader was reset while iterating")
+                batch = source.get()
                 # Count what the consumer received, not what the thread read ahead.
                 self._position += self.per_stream
                 yield batch

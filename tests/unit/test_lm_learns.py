@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from hpcdp import gpt
@@ -32,6 +33,7 @@ def unigram_entropy(path: Path) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+@pytest.mark.slow
 def test_tiny_gpt_approaches_the_entropy_rate(tmp_path: Path) -> None:
     torch.manual_seed(0)
     threads = torch.get_num_threads()

@@ -22,6 +22,14 @@ def test_tally_and_share() -> None:
     assert report.survivor_share(b) == 0.0
 
 
+def test_a_mutant_that_makes_the_tests_hang_is_detected() -> None:
+    codes = {"hpcdp.a.x_f__mutmut_1": -24, "hpcdp.a.x_f__mutmut_2": 0,
+             "hpcdp.a.x_f__mutmut_3": 33, "hpcdp.a.x_f__mutmut_4": None}
+    a = report.tally(codes, equivalent=set())["hpcdp.a"]
+    assert (a["timeout"], a["survived"], a["other"]) == (1, 1, 2)
+    assert report.survivor_share(a) == 3 / 4  # the timeout counts as detected
+
+
 def test_main_fails_above_the_bound(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "x.py.meta").write_text(

@@ -43,3 +43,18 @@ def test_placement_message_in_full() -> None:
         "a: ranks [0, 1] are all bound to GPU 0; b: local ranks [1] are not 0..0: start at most "
         "one rank per GPU (fewer ranks per node, or give each rank its own GPU, e.g. Slurm's "
         "--gpus-per-task=1 or CUDA_VISIBLE_DEVICES)")
+
+
+def test_cpulists_skip_empty_parts() -> None:
+    from hpcdp.placement import parse_cpulist
+
+    assert parse_cpulist("0-1,,4\n") == {0, 1, 4}
+    assert parse_cpulist("") == set()
+
+
+def test_the_nearest_gpu_may_hold_a_single_cpu_and_unknown_ones_hold_none() -> None:
+    from hpcdp.placement import nearest_gpu
+
+    assert nearest_gpu({0}, [{0}, {5}]) == 0  # one CPU of the affinity is enough
+    assert nearest_gpu({0}, [None, {9}]) is None  # neither GPU's CPUs hold CPU 0
+    assert nearest_gpu({0}, [set(), {0, 1}]) == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpcdp import watchdog
-from hpcdp.preempt import Preemption, requeue_job, requeue_wanted
+from hpcdp.preempt import Preemption, requeue_job, requeue_target, requeue_wanted
 
 SIGNALS = ("USR1", "TERM", "USR2")
 
@@ -148,3 +148,54 @@ def test_a_stalled_job_says_why_it_is_not_requeued(tmp_path: Path, caplog: pytes
     with caplog.at_level(logging.WARNING, logger="hpcdp.preempt"):
         assert requeue_job("5", scontrol=str(exe)) is False
     assert caplog.messages == ["job 5 not requeued: a stall was reported (see 'hpcdp stall:')"]
+
+
+# ---- requeue decisions and outcomes in full (mutation survivors) -------------------------
+
+
+def test_a_job_submitted_with_no_requeue_is_not_requeued() -> None:
+    from hpcdp.preempt import requeue_wanted
+
+    assert requeue_wanted("JobId=5 JobState=RUNNING Reason=None Requeue=0") == (
+        False, "the job was submitted with --no-requeue (Requeue=0)")
+    assert requeue_wanted("JobId=5 JobState=RUNNING Reason=None Requeue=1") == (
+        True, "JobState=RUNNING Reason=None")
+
+
+def test_an_array_task_id_without_its_array_id_requeues_the_job() -> None:
+    assert requeue_target({"SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3"}) == "7"
+    assert requeue_target({"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "6"}) == "7"
+
+
+def test_a_first_run_may_requeue_with_a_cap_of_one() -> None:
+    from hpcdp.preempt import stop_outcome
+
+    asked: list[str] = []
+
+    def attempt(job: str) -> tuple[str, str]:
+        asked.append(job)
+        return "requeued", "ok"
+
+    # SLURM_RESTART_COUNT unset: never requeued yet, so one requeue is still allowed.
+    assert stop_outcome("preempted", True, 1, {"SLURM_JOB_ID": "9"}, attempt) == (
+        ", requeued job 9", 0)
+    assert asked == ["9"]
+
+
+def test_try_requeue_outcomes_in_full(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from hpcdp.preempt import try_requeue
+
+    missing = str(tmp_path / "nowhere" / "scontrol")
+    assert try_requeue("5", scontrol=missing) == ("failed", f"{missing} not found")
+    exe = fake_scontrol(tmp_path, show="JobId=5 JobState=COMPLETING Reason=None")
+    assert try_requeue("5", scontrol=str(exe)) == (
+        "refused", "job is being cancelled (JobState=COMPLETING Reason=None)")
+    exe = fake_scontrol(tmp_path, show="JobId=5 JobState=RUNNING Reason=None",
+                        requeue="echo 'Invalid job id' >&2; exit 1")
+    assert try_requeue("5", scontrol=str(exe)) == (
+        "failed", "scontrol requeue 5 failed (exit 1): Invalid job id")
+    exe = fake_scontrol(tmp_path, show="JobId=5 JobState=RUNNING Reason=None")
+    assert try_requeue("5", scontrol=str(exe)) == ("requeued", "JobState=RUNNING Reason=None")
+    with caplog.at_level(logging.WARNING):
+        assert requeue_job("5", scontrol=str(exe)) is True
+    assert caplog.records == []  # a requeue that worked logs nothing

@@ -237,7 +237,8 @@ def _child_labels(reader: ShardedReader, q: mp.Queue) -> None:  # type: ignore[t
     q.put(read_all(reader))
 
 
-@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow),
+                                    pytest.param("spawn", marks=pytest.mark.slow)])
 def test_reader_in_another_process(data: Path, method: str) -> None:
     r = ShardedReader(data, batch_size=24, seed=3)
     expected = read_all(r)  # the parent has the file open

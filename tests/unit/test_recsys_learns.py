@@ -26,6 +26,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_the_model_beats_popularity_and_nears_the_oracle(tmp_path: Path, one_thread: None) -> None:
     args = ["--rows", "20000", "--val-rows", "5000", "--users", "50", "--items", "30",
             "--max-table", "1000", "--latent-dim", "2", "--seed", "5"]

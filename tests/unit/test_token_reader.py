@@ -64,6 +64,7 @@ def readers_for(path: Path, world: int, global_batch: int, **kw: object) -> list
             for r in range(world)]
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tokens=st.integers(200, 3000), seq=st.integers(1, 40), world=st.sampled_from([1, 2, 3, 4]),
