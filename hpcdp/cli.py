@@ -16,7 +16,7 @@ from hpcdp.crash import report_crashes
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("hpcdp.data.prep", "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
     "train": ("hpcdp.train", "train a model data-parallel with Horovod"),
-    "slurm": ("hpcdp.slurm", "render or submit a Slurm batch script for an allocation"),
+    "slurm": ("hpcdp.slurm", "render or submit a Slurm batch script; sweeps, chains, job status"),
     "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
     "checkpoint": ("hpcdp.checkpoint", "convert a checkpoint from before safe loading, once"),

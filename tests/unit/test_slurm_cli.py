@@ -158,11 +158,12 @@ def help_text(argv: list[str], capsys: pytest.CaptureFixture[str],
 def test_top_level_help_describes_the_actions(capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     text = help_text(["--help"], capsys, monkeypatch)
-    assert text.startswith("usage: hpcdp slurm [-h] {render,submit} ... Slurm batch scripts for "
-                           "hpcdp training: render (pure), submit (calls sbatch). "
-                           "positional arguments: ")
+    assert text.startswith("usage: hpcdp slurm [-h] {render,submit,status,collect} ... Slurm "
+                           "batch scripts for hpcdp training: render (pure), submit (calls "
+                           "sbatch). positional arguments: ")
     assert "render print the batch script" in text
     assert "submit render it and submit it with sbatch; print the job id" in text
+    assert "status a job's state, restarts" in text and "collect gather a sweep's" in text
 
 
 HELP_LINES = [
