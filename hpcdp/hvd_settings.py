@@ -44,10 +44,15 @@ and `hpcdp bench fusion`; figures in hpcdp/bench/README.md):
   sharing 2 cores that is one thread per rank and yielding on: more threads only
   oversubscribe the cores.
 
-Not set here: process binding, the launcher's choice. hpcdp.launcher (tests,
-benchmarks) and horovodrun start ranks with `--bind-to none`, so the background
-and the compute threads of a rank can run on any core of the node; a plain
-`mpirun -np 2` binds each rank to one core, and the rule then counts that core.
+- HOROVOD_WAKE_ON_ENQUEUE=1 on CPUs (`wake_env`): with hpcdp's Horovod patch
+  an all-reduce starts when the last rank's tensors arrive, not at the next
+  cycle. And a rank whose launcher left the node's ranks sharing one mask is
+  pinned to its share of it (`cpu_share`, applied by hpcdp.dist.init).
+
+Otherwise process binding is the launcher's choice. hpcdp.launcher (tests,
+benchmarks) and horovodrun start ranks with `--bind-to none`, and CPU training
+then pins each rank to its share; a plain `mpirun -np 2` binds each rank to
+one core, and the rule then counts that core.
 """
 
 from __future__ import annotations
