@@ -14,8 +14,8 @@ DEMO_NAME=demo-recsys
 source "$(dirname "$0")/demo-common.sh"
 DATA=${DEMO_DATA:-data/clicks}
 RUN=${DEMO_RUN:-runs/clicks}
-# Unlike the other demos, this one sets one thread per rank and yielding MPI itself.
-export OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
+# Threads, yielding and pinning are not exported: training chooses them, as for any
+# plain command (docs/runtime-settings.md).
 
 demo_prepare "writing the click log" clicks.py "$DATA"
 demo_train "the click model" hpcdp/configs/clicks.toml "$DATA" "$RUN" "$@"
