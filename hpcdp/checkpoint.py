@@ -504,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--out", type=Path, help="write here instead of replacing the file")
     conv.add_argument("--allow-group-write", action="store_true",
                       help="accept a file or folder that your group can write")
-    args = p.parse_args(argv)
+    from hpcdp.cliargs import parse_args
+
+    args = parse_args(p, argv)
     out = args.out or args.path
     try:
         convert_legacy(args.path, out, Trust(allow_group_write=args.allow_group_write))

@@ -9,6 +9,7 @@ refuses such an argument as a usage error (exit status 2), like any other.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 
@@ -20,8 +21,11 @@ def attached_double_dash(arg: str) -> bool:
     return arg.endswith("=--") or short
 
 
-def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    """`parser.parse_args(argv)`, with `--opt=--` a usage error naming the option."""
+def parse_args(parser: argparse.ArgumentParser,
+               argv: Sequence[str] | None) -> argparse.Namespace:
+    """`parser.parse_args(argv)` (None: the process's arguments), with `--opt=--` a usage
+    error naming the option."""
+    argv = sys.argv[1:] if argv is None else argv
     for arg in argv:
         if arg == "--":  # the rest are positional
             break

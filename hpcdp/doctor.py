@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpcdp import hvd_settings
+from hpcdp.cliargs import parse_args
 from hpcdp.placement import (
     RankPlacement,
     check_placement,
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         default=120.0,
         help="seconds to wait for every rank to join the placement check",
     )
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     checks = stack_checks()
     printer = True
     # The placement check needs only PyTorch and Horovod: a missing parallel HDF5 or

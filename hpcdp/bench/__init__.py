@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcdp.cliargs import parse_args
+
 BENCHMARKS: dict[str, str] = {
     "allreduce": "all-reduce bandwidth: Horovod (MPI, Gloo) vs raw mpi4py vs memcpy",
     "fusion": "tensor fusion on/off for many small asynchronous all-reduces",
@@ -88,7 +90,7 @@ def run_all(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcdp bench all")
     p.add_argument("--out", default="bench/results", help="folder for every JSON and PNG")
     p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:

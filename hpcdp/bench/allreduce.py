@@ -36,6 +36,7 @@ from typing import Any
 from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.common import RunConfig
+from hpcdp.cliargs import parse_args
 
 COLUMNS = ("memcpy", "alloc", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
 DEFAULT_COLUMNS = ("memcpy", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
@@ -437,7 +438,7 @@ def _configs(args: argparse.Namespace) -> list[RunConfig]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.worker:
         return _worker(args)
     try:

@@ -32,6 +32,7 @@ from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
+from hpcdp.cliargs import parse_args
 from hpcdp.launcher import LAUNCHERS
 
 #: The controller compared beside `--launcher`'s: fusion's gain depends on what one call costs.
@@ -213,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.worker:
         return _worker(args)
     try:

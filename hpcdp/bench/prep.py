@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcdp.bench import common
 from hpcdp.bench.reader import result_path
+from hpcdp.cliargs import parse_args
 from hpcdp.launcher import run_ranks
 
 MIB = 2**20
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results/prep.json",
                    help="JSON file, or a folder to write prep.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when 2 ranks are slower")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-prep-") as tmp:
         for i in range(args.rounds):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp.bench import common
+from hpcdp.cliargs import parse_args
 
 MIB = 2**20
 
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results/reader.json",
                    help="JSON file, or a folder to write reader.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
 
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-reader-") as tmp:
         path = args.file

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcdp import cliargs
 from hpcdp.bench import (
     DATA_SHARE_OF,
     TARGET_VS_CEILING,
@@ -389,7 +390,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--launchers", default="horovodrun,horovodrun-gloo,mpirun",
                    help="ceiling mode: the launchers to compare (comma list)")
     p.add_argument("--np", type=int, default=2, help="ceiling mode: ranks per run")
-    args = p.parse_args(argv)
+    args = cliargs.parse_args(p, argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     try:
         args.launchers = ceiling.launchers_arg(args.launchers)
