@@ -10,6 +10,7 @@ is missing or unreadable counts as "no limit there".
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,17 @@ class CpuView:
     def narrowed(self) -> bool:
         """Whether something (a launcher's binding, taskset) narrowed the mask below the cpuset."""
         return bool(self.affinity) and self.affinity < self.pool
+
+
+def format_cpu_list(numbers: Iterable[int]) -> str:
+    """The kernel's list format for a set of numbers (CPUs, ranks): {0, 1, 2, 5} -> '0-2,5'."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:

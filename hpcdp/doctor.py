@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from hpcdp import hvd_settings
 from hpcdp.cliargs import parse_args
+from hpcdp.cpus import format_cpu_list
 from hpcdp.placement import (
     RankPlacement,
     check_placement,
@@ -279,7 +280,7 @@ def runtime_checks(reports: list[RuntimeReport]) -> list[Check]:
     checks = []
     for (host, summary, error), members in groups.items():
         ranks = [r.rank for r in members]
-        who = f"{host}, rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
+        who = f"{host}, rank{'s' if len(ranks) > 1 else ''} {format_cpu_list(ranks)}"
         if error:
             checks.append(Check(FAIL, "runtime", f"{who}: {error}"))
         elif members[0].oversubscribed:
@@ -288,17 +289,6 @@ def runtime_checks(reports: list[RuntimeReport]) -> list[Check]:
         else:
             checks.append(Check(OK, "runtime", f"{who}: training sets {summary}"))
     return checks
-
-
-def _ranges(ranks: list[int]) -> str:
-    """'0-3,6' for ranks 0, 1, 2, 3, 6."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def my_placement(hvd) -> tuple[RankPlacement, list[str]]:

@@ -63,7 +63,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
-from hpcdp.cpus import CpuView, probe
+from hpcdp.cpus import CpuView, format_cpu_list, probe
 
 #: Horovod's own fusion threshold (bytes): kept on GPUs and under Gloo.
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
@@ -292,7 +292,7 @@ class RuntimePlan:
     def describe(self) -> str:
         """'threads 1 (2 CPUs / 2 local ranks), yield on (4 busy threads > 2 CPUs)'."""
         state = "on" if self.yield_idle else "off"
-        pinned = f", pinned to CPU {cpu_list(self.pinned)}" if self.pinned else ""
+        pinned = f", pinned to CPU {format_cpu_list(self.pinned)}" if self.pinned else ""
         return (f"threads {self.threads} ({self.threads_why}), yield {state} "
                 f"({self.yield_why}){pinned}")
 
@@ -424,23 +424,6 @@ def pin_process(cpus: frozenset[int]) -> bool:
     except OSError:
         return False
     return True
-
-
-def cpu_list(cpus: frozenset[int]) -> str:
-    """{0, 1, 2, 5} -> '0-2,5'."""
-    parts, run = [], []
-    for c in sorted(cpus):
-        if run and c != run[-1] + 1:
-            parts.append(_span(run))
-            run = []
-        run.append(c)
-    if run:
-        parts.append(_span(run))
-    return ",".join(parts)
-
-
-def _span(run: list[int]) -> str:
-    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
 
 
 def apply(environ: MutableMapping[str, str] | None = None,

@@ -252,13 +252,14 @@ def test_a_rank_the_launcher_bound_is_not_pinned_again() -> None:
     assert hvd_settings.cpu_share(bound, 2, 1, {"OMPI_MCA_orte_bound_at_launch": "1"}) is None
 
 
-def test_local_rank_and_cpu_list() -> None:
+def test_local_rank_and_the_cpu_list_format() -> None:
     assert hvd_settings.local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == 1
     assert hvd_settings.local_rank({"HOROVOD_LOCAL_RANK": "3"}) == 3
     assert hvd_settings.local_rank({"SLURM_LOCALID": "0"}) == 0
     assert hvd_settings.local_rank({"SLURM_LOCALID": "x"}) is None
     assert hvd_settings.local_rank({}) is None
-    assert hvd_settings.cpu_list(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
+    assert cpus.format_cpu_list(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
+    assert cpus.parse_cpu_list(cpus.format_cpu_list({3, 0, 1})) == {0, 1, 3}
     plan = hvd_settings.plan_runtime(view(range(2)), 2, {})
     import dataclasses
 
