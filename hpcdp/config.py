@@ -154,6 +154,10 @@ class OptimConfig:
     weight_decay: float = 0.0  # L2 (SGD) or decoupled (AdamW) weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's (beta1, beta2)
     grad_clip: float = 0.0  # clip the averaged gradients' global L2 norm to this; 0: off
+    # auto: torch's fused kernel (one pass over every parameter) for SGD and AdamW where
+    # the parameters are all dense floating-point tensors on one CPU or CUDA device | off.
+    # A resumed run keeps the kernel its checkpoint was written with (torch's rule).
+    fused: str = "auto"
 
 
 @dataclass
@@ -273,6 +277,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.on_nan": ("stop", "skip"),
     "optim.name": ("sgd", "adamw"),
     "optim.lr_scaling": ("linear", "sqrt", "none"),
+    "optim.fused": ("auto", "off"),
     "schedule.kind": ("cosine", "step", "constant"),
     "horovod.compression": ("none", "fp16"),
     "horovod.op": ("average", "adasum"),

@@ -7,13 +7,17 @@ blocks on the same model, (a) hpcdp's step as the training loop runs it:
 the finite check, the update, metric sums) with the hooks, the step timers,
 the preemption agreement and the metrics report every `log.every_steps`; and
 (b) a bare step: zero_grad, forward, cross entropy, backward and an SGD step
-(the config's settings) on one batch held in memory, already converted. Both
-share whatever load the machine has, block by block, so the median of the
-per-block differences is the overhead even where absolute step times move a
-lot between launches (`hpcdp bench train` compares separate launches).
+(the config's settings, torch's default implementation) on one batch held in
+memory, already converted; and (c) the same bare step with the SGD kernel
+hpcdp's optimizer uses (optim.fused), which shows what hpcdp's own per-step
+work costs apart from that choice. The sides share whatever load the machine
+has, block by block, so the median of the per-block differences is the
+overhead even where absolute step times move a lot between launches
+(`hpcdp bench train` compares separate launches).
 
 Prints one JSON line: median step ms of each side, the overhead in ms and as a
-fraction of the bare step, and hpcdp's data/compute/comm split (its timers).
+fraction of the bare step (against b, and against c), and hpcdp's
+data/compute/comm split over its last full window of log.every_steps steps.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class HpcdpSide:
             self.preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
         self.sums = MetricSums(run.task.metrics, run.device, training=True)
         self.window = StepTimes()
+        self.last_window: dict[str, float] = {}
         self.step = 0
 
     def batches(self) -> Any:
@@ -87,16 +92,18 @@ class HpcdpSide:
             self.window.add(*times, run.batch * run.accum)
             if self.step % self.cfg.log.every_steps == 0:
                 self.sums.reduce("train")
+                self.last_window = self.window.summary()
                 self.window = StepTimes()
             agree_stop(self.preempt, self.hooks, self.step)
 
 
-def bare_stepper(run: Any, cfg: Any, batch: Any) -> Any:
-    """The bare step on the run's model and `batch`, converted once and kept."""
+def bare_stepper(run: Any, cfg: Any, batch: Any, fused: bool | None = None) -> Any:
+    """The bare step on the run's model and `batch`, converted once and kept; `fused`
+    as torch.optim.SGD takes it (None: torch's default implementation)."""
     inputs, targets = run.task.prepare(batch, cfg, run.device)
     o = cfg.optim
     opt = torch.optim.SGD(run.model.parameters(), lr=o.lr, momentum=o.momentum,
-                          weight_decay=o.weight_decay)
+                          weight_decay=o.weight_decay, fused=fused)
 
     def step(n: int) -> None:
         for _ in range(n):
@@ -116,6 +123,7 @@ def timed(fn: Any, n: int) -> float:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from hpcdp import config as cfgmod
     from hpcdp import dist, tasks
+    from hpcdp.tasks import fusable
     from hpcdp.train import setup
 
     torch.set_num_threads(1)
@@ -128,33 +136,36 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         run.model.train()
         ours = HpcdpSide(run, cfg, Path(tmp))
         feed = ours.batches()
-        bare = bare_stepper(run, cfg, next(feed))
-        ours.steps(args.warmup, feed)
-        bare(args.warmup)
-        pairs = []
-        for b in range(args.blocks):  # alternate which side goes first
-            if b % 2 == 0:
-                mine = timed(lambda n: ours.steps(n, feed), args.steps)
-                theirs = timed(bare, args.steps)
-            else:
-                theirs = timed(bare, args.steps)
-                mine = timed(lambda n: ours.steps(n, feed), args.steps)
-            pairs.append((mine, theirs))
-        split = ours.window.summary()
-    return summarize(pairs, split, args.label or cfg.model.name)
+        first = next(feed)
+        sides = [lambda n: ours.steps(n, feed), bare_stepper(run, cfg, first),
+                 bare_stepper(run, cfg, first, fusable(cfg.optim.fused, run.model.parameters()))]
+        for side in sides:
+            side(args.warmup)
+        rows = []
+        for b in range(args.blocks):  # each side goes first in turn
+            order = [(b + i) % len(sides) for i in range(len(sides))]
+            times = {i: timed(sides[i], args.steps) for i in order}
+            rows.append(tuple(times[i] for i in range(len(sides))))
+        split = ours.last_window or ours.window.summary()
+    return summarize(rows, split, args.label or cfg.model.name)
 
 
-def summarize(pairs: list[tuple[float, float]], split: dict[str, float],
+def summarize(rows: list[tuple[float, ...]], split: dict[str, float],
               label: str) -> dict[str, Any]:
-    """Medians over blocks; overhead = the median of (hpcdp - bare) per block pair."""
-    if not pairs:
+    """Medians over blocks of (hpcdp, bare, bare with hpcdp's kernel) step ms; each
+    overhead is the median of the per-block differences."""
+    if not rows:
         raise ValueError("no timed blocks")
-    bare_ms = statistics.median(b for _, b in pairs)
-    overhead = statistics.median(a - b for a, b in pairs)
-    return {"label": label, "blocks": len(pairs),
-            "hpcdp_step_ms": statistics.median(a for a, _ in pairs), "bare_step_ms": bare_ms,
+    bare_ms = statistics.median(r[1] for r in rows)
+    same_ms = statistics.median(r[2] for r in rows)
+    overhead = statistics.median(r[0] - r[1] for r in rows)
+    own = statistics.median(r[0] - r[2] for r in rows)
+    return {"label": label, "blocks": len(rows),
+            "hpcdp_step_ms": statistics.median(r[0] for r in rows), "bare_step_ms": bare_ms,
             "overhead_ms": overhead, "overhead_share": overhead / bare_ms,
-            "last_window": {k: split[k] for k in ("data_ms", "compute_ms", "comm_ms")}}
+            "bare_same_kernel_step_ms": same_ms, "own_overhead_ms": own,
+            "own_overhead_share": own / same_ms,
+            "last_window": {k: split.get(k, 0.0) for k in ("data_ms", "compute_ms", "comm_ms")}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import torch
 
 from hpcdp import gpt
 from hpcdp.config import Config
-from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
+from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for
 
 
 def datasets(cfg: Config) -> Sequence[Dataset]:
@@ -130,8 +130,7 @@ def optimizers(cfg: Config, net: torch.nn.Module) -> list[torch.optim.Optimizer]
     o = cfg.optim
     if o.name != "adamw":
         return default_optimizers(cfg, net)
-    return [torch.optim.AdamW(gpt.param_groups(net, o.weight_decay), lr=o.lr,
-                              betas=(o.betas[0], o.betas[1]))]
+    return [optimizer_for(cfg, gpt.param_groups(net, o.weight_decay))]
 
 
 TASK = Task(

@@ -108,6 +108,7 @@ def test_step_overhead_in_one_process(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["label"] == "digits_cnn" and result["blocks"] == 2
-    for key in ("hpcdp_step_ms", "bare_step_ms"):
+    for key in ("hpcdp_step_ms", "bare_step_ms", "bare_same_kernel_step_ms"):
         assert _positive(result[key]), result
-    assert math.isfinite(result["overhead_ms"]) and _positive(result["last_window"]["compute_ms"])
+    assert math.isfinite(result["overhead_ms"]) and math.isfinite(result["own_overhead_ms"])
+    assert _positive(result["last_window"]["compute_ms"])

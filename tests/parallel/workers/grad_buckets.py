@@ -5,9 +5,10 @@ Each rank trains two copies of one model on its own data, one through
 checks after every step that the parameters agree (and are the same on every
 rank). Covers accumulation over backward passes, a parameter no forward pass
 uses (its bucket is reduced by synchronize(), not by a hook: no rank waits),
-the GradScaler-style synchronize/skip_synchronize pattern, and the predivide
-factor, and the flag the last bucket carries for the preemption check (any
-rank's 1 reaches every rank, at the step it was sent with). Any mismatch
+the GradScaler-style synchronize/skip_synchronize pattern, the predivide
+factor, torch's fused SGD kernel, and the flag the last bucket carries for the
+preemption check (any rank's 1 reaches every rank, at the step it was sent
+with). Any mismatch
 raises: the rank exits non-zero and the run fails.
 """
 
@@ -37,13 +38,15 @@ def flat(model: nn.Module) -> torch.Tensor:
 
 
 def run(accum: int, bucket_bytes: int, predivide: float, split_step: bool,
-        set_to_none: bool = True) -> None:
+        set_to_none: bool = True, fused: bool | None = None) -> None:
     r = hvd.rank()
     torch.manual_seed(3)
     ours, ref = Net(), Net()
     ref.load_state_dict(ours.state_dict())
-    opt = bucketed(torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9), bucket_bytes,
-                   accum, predivide)
+    opt = bucketed(torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9, fused=fused),
+                   bucket_bytes, accum, predivide)
+    # The wrapper is a new optimizer built from the groups: torch's kernel choice goes along.
+    assert all(g["fused"] is fused for g in opt.param_groups), opt.param_groups
     assert len(opt.buckets) > 1 or bucket_bytes > 10_000, opt.buckets
     ref_opt = hvd.DistributedOptimizer(
         torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9),
@@ -90,6 +93,7 @@ def main() -> None:
     run(accum=2, bucket_bytes=2048, predivide=1.0, split_step=True)
     run(accum=1, bucket_bytes=1 << 20, predivide=2.0, split_step=True)
     run(accum=2, bucket_bytes=4096, predivide=1.0, split_step=False, set_to_none=False)
+    run(accum=1, bucket_bytes=2048, predivide=1.0, split_step=True, fused=True)
     emb = nn.Embedding(10, 4, sparse=True)
     bucketed(torch.optim.SGD(emb.parameters(), lr=0.1), 1024)
     try:
