@@ -186,7 +186,7 @@ class HorovodConfig:
     gradient_predivide_factor: float = 1.0  # divide before the sum, the rest after
     # Gradients in flat buckets of this many MiB, each all-reduced in place when full
     # (hpcdp.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
-    # Horovod's fusion); negative: 4 MiB buckets on CPUs, the DistributedOptimizer on
+    # Horovod's fusion); negative: 64 MiB buckets on CPUs, the DistributedOptimizer on
     # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
     # a model with sparse gradients (set 0).
     bucket_mb: float = -1.0

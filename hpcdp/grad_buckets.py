@@ -3,11 +3,10 @@
 Horovod's DistributedOptimizer hands every gradient to Horovod as its own
 all-reduce; Horovod then fuses those ready in one cycle by copying them into its
 fusion buffer and back. On CPUs the copies and the reductions run on the cores
-backward is using. Measured on the 2-core development machine, ResNet-18 (width
-32, 11 MB of gradients), 2 ranks, median step: 64-66 ms with no communication,
-72-74 ms through the DistributedOptimizer, 68-71 ms with the gradients kept in 3
-flat buckets of this module, each all-reduced in place (no fusion copies) as
-soon as backward has filled it, while backward goes on with the layers before.
+backward is using, so this module keeps the gradients in flat buckets, each
+all-reduced in place (no fusion copies) as soon as backward has filled it; the
+bucket size (hpcdp.hvd_settings.CPU_BUCKET_BYTES) decides how many reductions a
+step makes and how early the first one starts (docs/benchmarks.md).
 
 `bucketed(optimizer, ...)` returns an optimizer with the DistributedOptimizer's
 interface as hpcdp's training loop uses it (`synchronize()`, `skip_synchronize()`,

@@ -70,9 +70,12 @@ HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
 #: hpcdp's threshold for CPU tensors reduced through MPI: one core's L2 cache.
 CPU_MPI_FUSION_BYTES = 1024 * 1024
 #: Gradient bucket size hpcdp trains with on CPUs (hpcdp.grad_buckets, horovod.bucket_mb
-#: < 0): 3 buckets for ResNet-18 at width 32; 1, 2, 8 and 64 MiB were no faster on 2 ranks.
+#: < 0): large enough for the gradients of most models that train on CPUs to go in one
+#: all-reduce after backward. A CPU rank's reduction runs on the cores its backward uses,
+#: so reducing early buckets during backward overlaps nothing and takes those cores from
+#: it, while every extra bucket costs a negotiation (docs/benchmarks.md, 2026-12-01).
 #: Here, not in grad_buckets, so that the benchmarks' parent processes need no torch.
-CPU_BUCKET_BYTES = 4 << 20
+CPU_BUCKET_BYTES = 64 << 20
 
 # What Horovod 0.28.1 and Open MPI 4.1 use when nothing is set (read from their
 # sources): the baseline the benchmarks compare against.

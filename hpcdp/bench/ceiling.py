@@ -2,7 +2,9 @@
 
 The ceiling is the same model, data and per-rank batch run as W independent
 1-rank trainings at once: no communication at all, each with the threads hpcdp's
-rule gives W ranks sharing these CPUs. Each launcher (horovodrun with MPI,
+rule gives W ranks sharing these CPUs, and bound to its share of them as a
+rank would be (mpirun binds; hpcdp pins horovodrun's ranks), so that no
+launcher beats the ceiling by binding where the ceiling floats. Each launcher (horovodrun with MPI,
 horovodrun --gloo, mpirun) then starts W ranks exactly as a user would type it,
 with none of hpcdp's settings exported, so whatever the training applies itself
 is what is measured. Reported: each launcher's samples/s over the ceiling's.
@@ -23,6 +25,7 @@ from typing import Any
 from hpcdp import hvd_settings
 from hpcdp.bench import TARGET_VS_CEILING, common
 from hpcdp.bench.processes import run_together
+from hpcdp.cpus import CpuView, probe
 from hpcdp.launcher import LAUNCHERS, SETTINGS_VARS, run_ranks
 
 CEILING = "ceiling"
@@ -98,13 +101,20 @@ def ceiling_env(np: int, base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def ceiling_cpus(np: int, view: CpuView) -> list[frozenset[int] | None]:
+    """Each independent process's CPUs: the share hpcdp's rule pins local rank i of `np`
+    to within this process's mask (pure; None where the rule leaves the mask)."""
+    return [hvd_settings.cpu_share(view, np, i, {}) for i in range(np)]
+
+
 def run_config(config: str, argv_for: Callable[[Path], list[str]], run_dir: Path,
                args: argparse.Namespace, base_env: Mapping[str, str]) -> tuple[list[Path], str]:
     """Run one configuration; the run folders whose metrics count, and a settings line."""
     if config == CEILING:
         dirs = [run_dir / f"alone{i}" for i in range(args.np)]
         env = ceiling_env(args.np, {**os.environ, **base_env})
-        done = run_together([argv_for(d) for d in dirs], [env] * len(dirs), args.timeout)
+        done = run_together([argv_for(d) for d in dirs], [env] * len(dirs), args.timeout,
+                            cpus=ceiling_cpus(args.np, probe()))
         if not done.ok:
             raise common.BenchError(
                 f"the ceiling ({args.np} processes) failed:\n{done.output[-6000:]}")

@@ -8,10 +8,12 @@ everything it started.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpcdp.launcher import kill_group
 
@@ -26,17 +28,23 @@ class Together:
 
 
 def run_together(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
-                 timeout: float, label: str = "process") -> Together:
+                 timeout: float, label: str = "process",
+                 cpus: Sequence[frozenset[int] | None] | None = None) -> Together:
     """Start `argvs[i]` with `envs[i]` for every i at once; kill them all at `timeout`.
 
-    `label` names each process in the output ('rank' for a process group).
+    `label` names each process in the output ('rank' for a process group);
+    `cpus[i]`, where given, is the CPU set process i starts bound to.
     """
     if len(argvs) != len(envs):
         raise ValueError(f"{len(argvs)} commands but {len(envs)} environments")
+    masks = list(cpus) if cpus is not None else [None] * len(argvs)
+    if len(masks) != len(argvs):
+        raise ValueError(f"{len(argvs)} commands but {len(masks)} CPU sets")
     start = time.monotonic()
     procs = [subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for argv, env in zip(argvs, envs)]
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                              preexec_fn=_binder(mask))
+             for argv, env, mask in zip(argvs, envs, masks, strict=True)]
     deadline = start + timeout
     outputs, ok = [], True
     for i, proc in enumerate(procs):
@@ -52,3 +60,10 @@ def run_together(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
     for proc in procs:  # whatever a process left running in its session
         kill_group(proc.pid, grace=0.0)
     return Together(ok, "\n".join(outputs), time.monotonic() - start)
+
+
+def _binder(mask: frozenset[int] | None) -> Any:
+    """A preexec_fn binding the child to `mask` (None: none; inherits the parent's)."""
+    if mask is None:
+        return None
+    return lambda: os.sched_setaffinity(0, mask)

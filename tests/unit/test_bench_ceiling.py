@@ -52,3 +52,12 @@ def test_ceiling_processes_get_the_rule_for_all_of_them() -> None:
     env = ceiling.ceiling_env(2, {"OMP_NUM_THREADS": "7", "PATH": "/bin"})
     assert env["PATH"] == "/bin" and env["OMP_NUM_THREADS"] != "7"
     assert int(env["OMP_NUM_THREADS"]) >= 1
+
+
+def test_the_ceiling_binds_each_process_as_a_rank_would_be() -> None:
+    from hpcdp.cpus import CpuView
+
+    whole = CpuView(frozenset(range(8)), frozenset(range(8)))
+    assert ceiling.ceiling_cpus(2, whole) == [frozenset(range(4)), frozenset(range(4, 8))]
+    one = CpuView(frozenset({3}), frozenset(range(8)))  # fewer CPUs than processes
+    assert ceiling.ceiling_cpus(2, one) == [None, None]

@@ -44,3 +44,16 @@ def test_the_bound_kills_every_process() -> None:
 def test_each_command_needs_an_environment() -> None:
     with pytest.raises(ValueError, match="2 commands but 1 environments"):
         run_together([_py("pass")] * 2, [dict(os.environ)], timeout=5)
+
+
+def test_each_process_starts_bound_to_its_cpus() -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    code = "import os; print('cpus', sorted(os.sched_getaffinity(0)))"
+    env = dict(os.environ)
+    done = run_together([_py(code)] * 2, [env, env], timeout=30,
+                        cpus=[frozenset(mine[:1]), None])
+    assert done.ok, done.output
+    assert f"--- process 0 (exit 0)\ncpus {mine[:1]}" in done.output
+    assert f"--- process 1 (exit 0)\ncpus {mine}" in done.output  # None: the parent's mask
+    with pytest.raises(ValueError, match="2 commands but 1 CPU sets"):
+        run_together([_py("pass")] * 2, [env, env], timeout=30, cpus=[None])

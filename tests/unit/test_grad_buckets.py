@@ -33,7 +33,7 @@ def test_plan_examples() -> None:
 def test_bucket_size_choice() -> None:
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     cfg = Config()
-    assert bucket_bytes(cfg, cpu) == 4 << 20  # auto: buckets on CPUs ...
+    assert bucket_bytes(cfg, cpu) == 64 << 20  # auto: buckets on CPUs ...
     assert bucket_bytes(cfg, gpu) == 0  # ... Horovod's optimizer on GPUs
     cfg.horovod.bucket_mb = 0
     assert bucket_bytes(cfg, cpu) == 0
