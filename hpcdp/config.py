@@ -179,7 +179,9 @@ class HorovodConfig:
     # HOROVOD_FUSION_THRESHOLD; negative: the environment's, else 1 MiB for CPU tensors
     # through MPI and Horovod's 128 MiB on GPUs and under Gloo (hpcdp.hvd_settings)
     fusion_threshold_mb: float = -1.0
-    cycle_time_ms: float = -1.0  # HOROVOD_CYCLE_TIME; negative: Horovod default
+    # HOROVOD_CYCLE_TIME; negative: the environment's, else 50 ms where Horovod wakes on
+    # enqueue (CPU training with hpcdp's Horovod build), else Horovod's 1 ms
+    cycle_time_ms: float = -1.0
     compression: str = "none"  # none | fp16
     backward_passes_per_step: int = 1  # gradient accumulation
     op: str = "average"  # average | adasum

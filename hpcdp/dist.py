@@ -45,11 +45,14 @@ class AgreedError(RuntimeError):
 
 
 def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
-                environ: Mapping[str, str] | None = None) -> dict[str, str]:
+                environ: Mapping[str, str] | None = None,
+                patched: bool = False) -> dict[str, str]:
     """The HOROVOD_* variables for these options (pure: Horovod reads them at init).
 
     The fusion threshold: the config's, else one already in `environ`, else
     hpcdp's for the device and CPU backend (hvd_settings.fusion_threshold_bytes).
+    The cycle time: the config's, else one in `environ`, else hpcdp's for whether
+    the Horovod build (`patched`) wakes on enqueue (hvd_settings.cycle_env).
     """
     env: dict[str, str] = {}
     if hc.fusion_threshold_mb >= 0:
@@ -57,6 +60,7 @@ def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
     else:
         env.update(hvd_settings.fusion_env(environ or {}, on_gpu))
     env.update(hvd_settings.wake_env(environ or {}, on_gpu))
+    env.update(hvd_settings.cycle_env({**(environ or {}), **env}, patched))
     if hc.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
     if hc.stall_check_s >= 0:
@@ -99,7 +103,7 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         if share and hvd_settings.pin_process(share):
             plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)
-    env = horovod_env(hc, run_dir, on_gpu, environ)
+    env = horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes())
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)

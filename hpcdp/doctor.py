@@ -131,7 +131,8 @@ def wake_check(patched: bool) -> Check:
     """Whether CPU training's all-reduces start when the last rank's tensors arrive."""
     if patched:
         return Check(OK, "horovod wake", "built with hpcdp's wake-on-enqueue patch: CPU "
-                     "training sets HOROVOD_WAKE_ON_ENQUEUE=1")
+                     "training sets HOROVOD_WAKE_ON_ENQUEUE=1 and a "
+                     f"{hvd_settings.WOKEN_CYCLE_MS} ms cycle")
     return Check(WARN, "horovod wake", "Horovod without hpcdp's wake-on-enqueue patch: each "
                  "step's last all-reduce waits for the next cycle (HOROVOD_CYCLE_TIME); "
                  "'make setup' builds the patched one")

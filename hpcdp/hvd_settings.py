@@ -17,15 +17,15 @@ and `hpcdp bench fusion`; figures in hpcdp/bench/README.md):
   needs. A training-step proxy (compute between 60 asynchronous gradient
   all-reduces, 11 MB) took 255-380 ms per step without yielding and
   173-217 ms with it, whatever the cycle time.
-- HOROVOD_CYCLE_TIME=1 (ms, Horovod's own default, set explicitly). With
-  yielding on, 1, 2, 5 and 10 ms gave the same step time within noise,
-  while longer cycles cost latency: an all-reduce waits for the next cycle,
-  so 200 fused 40 KiB gradients took 7-8 ms a round at 1 ms against 11 ms
-  at 5 ms (fusion's gain over no fusion: 1.4-2.2x against 1.5x), and a loop of
-  blocking 16 MiB all-reduces fell below raw MPI at 10 ms. Raise it (5-10)
-  only where other threads of the process make many small MPI calls while
-  Horovod runs (those ran 10x faster at 5 ms than at 1 ms), or where
-  yielding is not possible.
+- HOROVOD_CYCLE_TIME (`cycle_env`): 50 ms where Horovod wakes on enqueue
+  (below), else Horovod's 1 ms. Without the wake an all-reduce waits for the
+  next cycle, so a long cycle costs latency (200 fused 40 KiB gradients: 7-8
+  ms a round at 1 ms against 11 ms at 5 ms). With it, the cycle only paces the
+  negotiations Horovod's thread makes while nothing is queued: every 1 ms it
+  wakes and runs a collective with the other ranks, on the cores training
+  computes on. Through Gloo each is a TCP round trip: 2 ranks on 2 cores
+  computed ResNet-18's step 10% slower at 1 ms than at 50 ms, and the digits
+  CNN trained 25% faster at 50 ms (10% through MPI).
 - HOROVOD_FUSION_THRESHOLD: chosen at `hvd.init()` by `fusion_threshold_bytes`,
   because the right size depends on what one call costs. On CPUs through MPI
   (shared memory here): 1 MiB, the size of a core's L2 cache, so that each
@@ -85,13 +85,6 @@ HOROVOD_DEFAULTS: Mapping[str, str] = {
     "OMPI_MCA_mpi_yield_when_idle": "0",
 }
 
-#: Set in every launcher's environment whatever the CPUs. HOROVOD_FUSION_THRESHOLD
-#: is not among them (it depends on the device and the controller, known at
-#: `hvd.init()`), nor threads and yielding (they depend on the CPUs: `plan_runtime`).
-RECOMMENDED: Mapping[str, str] = {
-    "HOROVOD_CYCLE_TIME": "1",
-}
-
 YIELD_VAR = "OMPI_MCA_mpi_yield_when_idle"
 #: Threads per rank that wait in MPI while a step communicates: the Python thread
 #: (in `hvd.synchronize`) and Horovod's background thread. Compute threads sleep then.
@@ -104,9 +97,11 @@ LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCA
 def recommended_env(overrides: Mapping[str, object] | None = None, ranks: int = 2,
                     view: CpuView | None = None) -> dict[str, str]:
     """hpcdp's settings for `ranks` ranks started from here on this process's CPUs
-    (unbound), with `overrides` winning (e.g. from a config file)."""
+    (unbound), with `overrides` winning (e.g. from a config file): threads and yielding.
+    The fusion threshold and the cycle time depend on the device, the controller and
+    the Horovod build: each rank chooses them at `hvd.init()` (hpcdp.dist.horovod_env)."""
     plan = plan_runtime(view or probe(), ranks, {})
-    env = {**RECOMMENDED, **plan.env}
+    env = dict(plan.env)
     if overrides:
         env.update({k: str(v) for k, v in overrides.items()})
     return env
@@ -197,11 +192,27 @@ def horovod_wakes(library: str | None = None) -> bool:
     return _patched[library]
 
 
+#: Horovod's cycle where an enqueue wakes its thread (see the module doc).
+WOKEN_CYCLE_MS = 50
+
+
+def cycle_env(environ: Mapping[str, str], patched: bool) -> dict[str, str]:
+    """HOROVOD_CYCLE_TIME to set before `hvd.init()`: WOKEN_CYCLE_MS where `environ`
+    asks for the wake and the installed Horovod has it (`patched`), unless the
+    environment sets a cycle; else nothing (Horovod's 1 ms)."""
+    if "HOROVOD_CYCLE_TIME" in environ or not (patched and wake_requested(environ)):
+        return {}
+    return {"HOROVOD_CYCLE_TIME": str(WOKEN_CYCLE_MS)}
+
+
 def wake_text(environ: Mapping[str, str], patched: bool) -> str:
     """For the identity line: 'wake on enqueue', or why the cycle is slept out."""
+    cycle = f"cycle {environ.get('HOROVOD_CYCLE_TIME', HOROVOD_DEFAULTS['HOROVOD_CYCLE_TIME'])} ms"
     if not wake_requested(environ):
-        return "cycle slept out"
-    return "wake on enqueue" if patched else "cycle slept out (Horovod without hpcdp's patch)"
+        return f"{cycle} slept out"
+    if not patched:
+        return f"{cycle} slept out (Horovod without hpcdp's patch)"
+    return f"wake on enqueue, {cycle}"
 
 
 # --------------------------------------------------------------------------- threads, yielding

@@ -29,7 +29,6 @@ from pathlib import Path
 from hpcdp import containers, sites
 from hpcdp.cliargs import parse_args
 from hpcdp.config import PreemptConfig
-from hpcdp.hvd_settings import RECOMMENDED
 from hpcdp.preempt import EXIT_REQUEUE
 
 # Signals the time-limit warning may be: USR1 or USR2 (libraries such as NCCL use
@@ -275,13 +274,13 @@ for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
   fi
 done
 export SRUN_CPUS_PER_TASK=$cpus_per_task
-# Threads per rank and each rank's GPU are chosen by hpcdp itself, from what the rank
-# was given (its CPU affinity; the GPUs it sees). An exported OMP_NUM_THREADS wins.
+# Threads per rank, each rank's GPU and Horovod's fusion threshold and cycle time are
+# chosen by hpcdp itself, from what the rank was given (its CPU affinity; the GPUs it
+# sees; the Horovod it runs). An exported value (OMP_NUM_THREADS, HOROVOD_*) wins.
 
 # Defaults the user can override by exporting them before sbatch.
 export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
-@HOROVOD_ENV@
 
 read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
 srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
@@ -355,12 +354,7 @@ ntasks="${SLURM_NTASKS:-1}"
 log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-?}: $ntasks ranks: ${command[*]}"
 exec srun "${mpi[@]}" --ntasks="$ntasks" --kill-on-bad-exit=1 "${command[@]}"
 """
-# Horovod's cycle time as hvd_settings measured it (one source for the launcher,
-# the benchmarks and the batch scripts); a user's export wins. The fusion
-# threshold is chosen by each rank at hvd.init(), when its device is known.
-TRAIN = TRAIN.replace("@HOROVOD_ENV@", "\n".join(
-    f'export {name}="${{{name}:-{RECOMMENDED[name]}}}"'
-    for name in ("HOROVOD_CYCLE_TIME",))).replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
+TRAIN = TRAIN.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
 
 def render(
     *,

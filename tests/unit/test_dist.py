@@ -62,8 +62,26 @@ def test_wake_text_and_patch_detection(tmp_path: Path) -> None:
     assert hvd_settings.horovod_wakes(str(patched))
     assert not hvd_settings.horovod_wakes(str(plain))
     assert not hvd_settings.horovod_wakes(str(tmp_path / "missing.so"))
+    on = {"HOROVOD_WAKE_ON_ENQUEUE": "1", "HOROVOD_CYCLE_TIME": "50"}
+    assert hvd_settings.wake_text(on, True) == "wake on enqueue, cycle 50 ms"
+    assert "50 ms slept out (Horovod without hpcdp's patch)" in hvd_settings.wake_text(on, False)
+    assert hvd_settings.wake_text({"HOROVOD_WAKE_ON_ENQUEUE": "0"}, True) == (
+        "cycle 1 ms slept out")
+    assert hvd_settings.wake_text({}, True) == "cycle 1 ms slept out"
+
+
+def test_the_cycle_is_long_only_where_an_enqueue_wakes_horovod() -> None:
+    from hpcdp import hvd_settings
+
     on = {"HOROVOD_WAKE_ON_ENQUEUE": "1"}
-    assert hvd_settings.wake_text(on, True) == "wake on enqueue"
-    assert "without hpcdp's patch" in hvd_settings.wake_text(on, False)
-    assert hvd_settings.wake_text({"HOROVOD_WAKE_ON_ENQUEUE": "0"}, True) == "cycle slept out"
-    assert hvd_settings.wake_text({}, True) == "cycle slept out"
+    assert hvd_settings.cycle_env(on, patched=True) == {"HOROVOD_CYCLE_TIME": "50"}
+    assert hvd_settings.cycle_env(on, patched=False) == {}  # each all-reduce would wait
+    assert hvd_settings.cycle_env({"HOROVOD_WAKE_ON_ENQUEUE": "0"}, patched=True) == {}
+    assert hvd_settings.cycle_env({**on, "HOROVOD_CYCLE_TIME": "3"}, patched=True) == {}
+    # Through horovod_env: CPU training asks for the wake, GPUs do not, the config wins.
+    assert horovod_env(HorovodConfig(), Path("r"), patched=True)["HOROVOD_CYCLE_TIME"] == "50"
+    assert "HOROVOD_CYCLE_TIME" not in horovod_env(HorovodConfig(), Path("r"), on_gpu=True,
+                                                   patched=True)
+    assert "HOROVOD_CYCLE_TIME" not in horovod_env(HorovodConfig(), Path("r"))
+    assert horovod_env(HorovodConfig(cycle_time_ms=4), Path("r"),
+                       patched=True)["HOROVOD_CYCLE_TIME"] == "4"
