@@ -63,7 +63,10 @@ def worker(args: argparse.Namespace) -> None:
     from hpcdp.data.reader import ShardedReader
     from hpcdp.models import build_model
 
-    torch.set_num_threads(1)
+    # The threads hpcdp's rule gives this many processes on these CPUs (`launch` sets
+    # them), as hpcdp's ranks take: 1 each for 2 processes on 2 cores, both cores for
+    # one, so that hpcdp's 1-rank step is compared with a bare step on as many threads.
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     if args.bare:
         bare(args)
         return

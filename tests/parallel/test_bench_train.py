@@ -24,7 +24,7 @@ def _positive(value: object) -> bool:
 def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
     argv = ["train", "--models", "digits_cnn,resnet18", "--steps", "4", "--warmup", "2",
             "--window", "2", "--rounds", "1", "--width", "4", "--samples", "512",
-            "--timeout", "120", "--out", str(tmp_path)]
+            "--timeout", "120", "--overhead-blocks", "2", "--out", str(tmp_path)]
     assert bench_main(argv) == 0
     printed = capsys.readouterr().out
     assert "hpcdp/DDP" in printed and "efficiency" in printed
@@ -50,7 +50,7 @@ def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
         assert all(0.0 <= v <= 1.0 for v in s["shares"].values()), s["shares"]
     assert set(summary["checks"]) == {"resnet18 efficiency >= 90%", "resnet18 data share < 5%",
                                       "resnet18 not slower than DDP (gloo)",
-                                      "resnet18 1 rank within 2% of the bare loop"}
+                                      "resnet18 1 rank within 2% of the bare loop (one process)"}
     assert sorted((b["model"], b["np"]) for b in result["bare"]) == [
         ("digits_cnn", 1), ("digits_cnn", 2), ("resnet18", 1), ("resnet18", 2)]
     for model in ("digits_cnn", "resnet18"):
@@ -58,6 +58,11 @@ def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
         for key in ("bare_samples_per_s_1", "bare_step_ms_1", "vs_bare_1", "vs_bare_2"):
             assert _positive(s[key]), (model, key, s)
         assert math.isfinite(s["overhead_ms_1"])
+        inproc = s["in_process"]  # hpcdp.bench.step_overhead, run for this model
+        assert inproc["label"] == model and inproc["blocks"] == 2, inproc
+        for key in ("hpcdp_step_ms", "bare_step_ms", "bare_same_kernel_step_ms"):
+            assert _positive(inproc[key]), (model, key, inproc)
+        assert f"{model}: in one process, 2 alternating blocks" in printed
     assert "overhead ms" in printed and "hpcdp/bare 1" in printed
 
 
