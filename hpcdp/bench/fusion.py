@@ -13,7 +13,7 @@ land on one side only.
 
 A third configuration per controller, 'buckets', is the fusion hpcdp trains
 with on CPUs (hpcdp.grad_buckets): each tensor is handed over as a gradient,
-copied into its place in a flat 4 MiB bucket, and each full bucket is reduced
+copied into its place in a flat bucket (64 MiB), and each full bucket is reduced
 in place with one all-reduce, with no copy out.
 """
 

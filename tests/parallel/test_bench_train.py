@@ -48,7 +48,7 @@ def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
         assert len(s["efficiency_per_round"]) == 1 and _positive(s["efficiency_per_round"][0])
         assert set(s["shares"]) == {"data", "compute", "comm", "other"}
         assert all(0.0 <= v <= 1.0 for v in s["shares"].values()), s["shares"]
-    assert set(summary["checks"]) == {"resnet18 efficiency >= 90%", "resnet18 data share < 5%",
+    assert set(summary["checks"]) == {"resnet18 data share < 5%",
                                       "resnet18 not slower than DDP (gloo)",
                                       "resnet18 1 rank within 2% of the bare loop (one process)"}
     assert sorted((b["model"], b["np"]) for b in result["bare"]) == [

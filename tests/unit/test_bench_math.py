@@ -253,16 +253,3 @@ def test_resolve_device() -> None:
     with pytest.raises(ValueError, match="unknown device"):
         allreduce.resolve_device("tpu", True)
 
-
-def test_step_overhead_summary_takes_medians_of_per_block_differences() -> None:
-    from hpcdp.bench.step_overhead import summarize
-
-    rows = [(10.0, 9.0, 8.0), (12.0, 10.0, 9.0), (30.0, 20.0, 29.0)]
-    s = summarize(rows, {"data_ms": 1.0, "compute_ms": 2.0}, "m")
-    assert (s["hpcdp_step_ms"], s["bare_step_ms"], s["bare_same_kernel_step_ms"]) == (
-        12.0, 10.0, 9.0)
-    assert s["overhead_ms"] == 2.0 and s["own_overhead_ms"] == 2.0  # medians of 1,2,10 / 2,3,1
-    assert s["overhead_share"] == 0.2 and s["own_overhead_share"] == 2.0 / 9.0
-    assert s["last_window"] == {"data_ms": 1.0, "compute_ms": 2.0, "comm_ms": 0.0}
-    with pytest.raises(ValueError, match="no timed blocks"):
-        summarize([], {}, "m")
