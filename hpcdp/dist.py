@@ -99,7 +99,7 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         raise AgreedError(str(exc)) from exc
     if not on_gpu and cpu_bind == "auto":
         share = hvd_settings.cpu_share(view, plan.local_ranks, hvd_settings.local_rank(environ),
-                                       environ)
+                                       environ, plan.threads)
         if share and hvd_settings.pin_process(share):
             plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)

@@ -397,7 +397,7 @@ def local_rank(environ: Mapping[str, str]) -> int | None:
 
 
 def cpu_share(view: CpuView, ranks: int, rank: int | None,
-              environ: Mapping[str, str]) -> frozenset[int] | None:
+              environ: Mapping[str, str], threads: int = 1) -> frozenset[int] | None:
     """The CPUs to pin local rank `rank` of `ranks` to, or None to leave its mask (pure).
 
     Where a launcher leaves the node's ranks sharing one mask (horovodrun passes
@@ -408,7 +408,9 @@ def cpu_share(view: CpuView, ranks: int, rank: int | None,
     it: with 2 ranks on 2 cores, 2-rank training went from 0.70x to 1.1x the
     speed of 2 independent processes (docs/benchmarks.md). Left alone: one rank,
     a rank the launcher bound (`bound_alone`), `srun --cpu-bind=none` (asked for),
-    an unknown local rank, and fewer CPUs than ranks.
+    an unknown local rank, fewer CPUs than ranks, and a share smaller than the
+    rank's compute `threads` (an exported OMP_NUM_THREADS): OpenMP threads stacked
+    on fewer cores wait for each other at every barrier, and a step ran 100x slower.
     """
     if ranks < 2 or rank is None or not 0 <= rank < ranks:
         return None
@@ -418,7 +420,7 @@ def cpu_share(view: CpuView, ranks: int, rank: int | None,
         return None
     cpus = sorted(view.affinity)
     per = len(cpus) // ranks
-    if per < 1:
+    if per < max(threads, 1):
         return None
     return frozenset(cpus[rank * per:(rank + 1) * per])
 

@@ -104,7 +104,8 @@ def ceiling_env(np: int, base: Mapping[str, str]) -> dict[str, str]:
 def ceiling_cpus(np: int, view: CpuView) -> list[frozenset[int] | None]:
     """Each independent process's CPUs: the share hpcdp's rule pins local rank i of `np`
     to within this process's mask (pure; None where the rule leaves the mask)."""
-    return [hvd_settings.cpu_share(view, np, i, {}) for i in range(np)]
+    threads = hvd_settings.plan_runtime(view, np, {}).threads
+    return [hvd_settings.cpu_share(view, np, i, {}, threads) for i in range(np)]
 
 
 def run_config(config: str, argv_for: Callable[[Path], list[str]], run_dir: Path,

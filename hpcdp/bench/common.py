@@ -306,6 +306,14 @@ class BenchError(RuntimeError):
     """A benchmark's ranks failed or left no result: the message carries their output."""
 
 
+def pythonpath_env() -> dict[str, str]:
+    """This process's environment with this checkout first on PYTHONPATH (for a child
+    that must import the same hpcdp, installed or not)."""
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
 def run_worker(
     module: str,
     config: RunConfig,
@@ -319,9 +327,7 @@ def run_worker(
     Returns the JSON rank 0 wrote. The package's own directory goes on
     PYTHONPATH so that workers import this checkout even when it is not installed.
     """
-    env = dict(config.env)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**config.env, "PYTHONPATH": pythonpath_env()["PYTHONPATH"]}
     path = Path(json_path)
     path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", module, "--worker", "--json", str(path), *worker_args,

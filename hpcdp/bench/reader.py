@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -215,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-reader-") as tmp:
         path = args.file
         if path is None:
-            from hpcdp.data import prep
-
-            code = prep.main(["synthetic", "--samples", str(args.samples), "--shape", args.shape,
-                              "--out", tmp])
-            if code:
-                return code
+            # A process of its own: preparation applies hpcdp's runtime settings to its
+            # environment, which must not reach the benchmarks this process runs next.
+            done = subprocess.run([sys.executable, "-m", "hpcdp.data.prep", "synthetic",
+                                   "--samples", str(args.samples), "--shape", args.shape,
+                                   "--out", tmp], env=common.pythonpath_env())
+            if done.returncode:
+                return done.returncode
             path = str(Path(tmp) / "train.h5")
         import h5py
 

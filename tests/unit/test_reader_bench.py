@@ -51,3 +51,20 @@ def test_prep_verdict_and_result_paths() -> None:
     assert s["checks"]["2 ranks not slower than 1"]
     assert breader.result_path("bench/results", "reader") == Path("bench/results/reader.json")
     assert breader.result_path("x/r.json", "reader") == Path("x/r.json")
+
+
+def test_the_reader_benchmark_leaves_this_process_environment_alone(tmp_path, monkeypatch) -> None:
+    """Its data is prepared in a child process: preparation sets hpcdp's runtime settings
+    (OMP_NUM_THREADS for one rank), which leaked into every benchmark `hpcdp bench all`
+    ran after it (2-rank training then ran 2 threads per rank pinned to one core)."""
+    import os
+
+    from hpcdp.bench import reader
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    before = dict(os.environ)
+    code = reader.main(["--samples", "2048", "--rounds", "1", "--baseline-samples", "64",
+                        "--out", str(tmp_path)])
+    assert code in (0, 1)  # the verdicts are not this test's business
+    assert dict(os.environ) == before

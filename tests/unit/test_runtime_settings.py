@@ -246,6 +246,17 @@ def test_cpu_share(mask, ranks: int, rank: int | None, environ: dict[str, str],
     assert got == (frozenset(share) if share is not None else None)
 
 
+def test_a_share_smaller_than_the_exported_threads_is_not_pinned() -> None:
+    """OMP_NUM_THREADS=2 exported for 2 ranks on 2 cores: pinning each rank to its one
+    core would stack its 2 compute threads there (a step took 100x longer)."""
+    assert hvd_settings.cpu_share(view(range(2)), 2, 0, {}, threads=2) is None
+    assert hvd_settings.cpu_share(view(range(4)), 2, 1, {}, threads=2) == frozenset({2, 3})
+    env = {"OMP_NUM_THREADS": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    plan = hvd_settings.plan_runtime(view(range(2)), 2, env)
+    assert plan.threads == 2  # exported: it wins, so the share must fit it
+    assert hvd_settings.cpu_share(view(range(2)), 2, 1, env, plan.threads) is None
+
+
 def test_a_rank_the_launcher_bound_is_not_pinned_again() -> None:
     bound = view({1}, pool=range(2))
     assert hvd_settings.cpu_share(bound, 2, 1, {"OMPI_MCA_orte_bound_at_launch": "1"}) is None
