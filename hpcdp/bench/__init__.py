@@ -30,6 +30,11 @@ TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
 #: The data share of the step time to stay under, where a model's target is not 5%.
 DATA_SHARE_OF = {"gpt2_124m": 0.02}
 ALLREDUCE_TARGET = 0.8  # Horovod's bus bandwidth over raw MPI's at the largest size
+#: hpcdp's 1-rank step over the bare loop's, measured in one process: at most this share
+#: of the bare step (ResNet-18), or these milliseconds (the digits CNN, whose 2 ms step
+#: is mostly fixed costs: half the 0.92 ms it had before issue 22).
+OVERHEAD_SHARE_OF = {"resnet18": 0.02}
+OVERHEAD_MS_OF = {"digits_cnn": 0.46}
 
 
 def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
@@ -54,8 +59,7 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
                              s["vs_ddp"] >= 1.0))
             inproc = s.get("in_process")
             if inproc is not None:  # measured inside one process: it decides
-                rows.append((f"{model}: 1-rank step within 2% of the bare loop's (one process)",
-                             f"{inproc['overhead_share']:+.1%}", inproc["overhead_share"] <= 0.02))
+                rows += overhead_rows(model, inproc)
             elif s.get("vs_bare_1") is not None:
                 rows.append((f"{model}: 1 rank/bare loop >= 0.98", f"{s['vs_bare_1']:.3f}",
                              s["vs_bare_1"] >= 0.98))
@@ -83,6 +87,19 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
         return [("prep: 2 ranks not slower than 1", f"{summary['speedup_2_over_1']:.2f}x",
                  summary["speedup_2_over_1"] >= 1.0)]
     return [(check, "-", bool(ok)) for check, ok in (summary.get("checks") or {}).items()]
+
+
+def overhead_rows(model: str, inproc: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The in-process overhead against its target for `model`, where it has one."""
+    if model in OVERHEAD_SHARE_OF:
+        share = OVERHEAD_SHARE_OF[model]
+        return [(f"{model}: 1-rank step within {share:.0%} of the bare loop's (one process)",
+                 f"{inproc['overhead_share']:+.1%}", inproc["overhead_share"] <= share)]
+    if model in OVERHEAD_MS_OF:
+        ms = OVERHEAD_MS_OF[model]
+        return [(f"{model}: 1-rank step at most {ms} ms over the bare loop's (one process)",
+                 f"{inproc['overhead_ms']:+.3f} ms", inproc["overhead_ms"] <= ms)]
+    return []
 
 
 def run_all(argv: list[str]) -> int:

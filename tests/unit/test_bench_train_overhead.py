@@ -36,3 +36,15 @@ def test_the_in_process_figure_decides_the_overhead_check_where_it_ran() -> None
     assert checks(_summary(0.025, 1.00))[key] is False
     plain = checks(_summary(None, 0.97))
     assert plain["resnet18 1 rank within 2% of the bare loop"] is False and key not in plain
+
+
+def test_make_bench_rows_hold_each_model_to_its_own_overhead_target() -> None:
+    from hpcdp.bench import overhead_rows
+
+    assert overhead_rows("resnet18", {"overhead_share": 0.019, "overhead_ms": 0.5}) == [
+        ("resnet18: 1-rank step within 2% of the bare loop's (one process)", "+1.9%", True)]
+    assert overhead_rows("digits_cnn", {"overhead_share": 0.12, "overhead_ms": 0.241}) == [
+        ("digits_cnn: 1-rank step at most 0.46 ms over the bare loop's (one process)",
+         "+0.241 ms", True)]
+    assert overhead_rows("digits_cnn", {"overhead_share": 0.3, "overhead_ms": 0.5})[0][2] is False
+    assert overhead_rows("gpt", {"overhead_share": 0.0, "overhead_ms": 0.0}) == []
