@@ -59,7 +59,7 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
             "--pairs", "1", "--out", str(tmp_path), "--timeout", "120"]
     assert fusion.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "fusion speedup (off / on)" in printed and "hpcdp buckets 4 MiB" in printed
+    assert "fusion speedup (off / on)" in printed and "hpcdp buckets 64 MiB" in printed
     data = json.loads((tmp_path / "fusion.json").read_text())
     assert (tmp_path / "fusion.png").stat().st_size > 5_000
     assert data["params"]["tensors"] == 20 and data["params"]["tensor_bytes"] == 4096

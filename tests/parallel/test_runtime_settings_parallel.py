@@ -54,8 +54,9 @@ def test_plain_launch_gets_the_rule(make_data, tmp_path: Path, launcher: str) ->
             assert "bound to this rank" in ident["settings"], ident
         if len(view.affinity) == 2:  # this machine's case: 2 ranks on 2 cores
             assert (ident["threads"], ident["mpi_yield"]) == (1, True), ident
-        # The patched Horovod `make setup` builds: CPU training wakes it on enqueue.
-        assert ident["settings"].endswith("fusion 1 MiB, wake on enqueue"), ident
+        # The patched Horovod `make setup` builds: CPU training wakes it on enqueue, and
+        # its cycle then only paces idle negotiations (hvd_settings.cycle_env).
+        assert ident["settings"].endswith("fusion 1 MiB, wake on enqueue, cycle 50 ms"), ident
 
 
 def test_exported_values_win(make_data, tmp_path: Path) -> None:
