@@ -2,10 +2,10 @@
 
 The ceiling is the same model, data and per-rank batch run as W independent
 1-rank trainings at once: no communication at all, each with the threads hpcdp's
-rule gives W ranks sharing these CPUs, and bound to its share of them as a
-rank would be (mpirun binds; hpcdp pins horovodrun's ranks), so that no
-launcher beats the ceiling by binding where the ceiling floats. Each launcher (horovodrun with MPI,
-horovodrun --gloo, mpirun) then starts W ranks exactly as a user would type it,
+rule gives W ranks sharing these CPUs, and bound to its share of them as a rank
+would be (mpirun binds; hpcdp pins horovodrun's ranks), so that no launcher
+beats the ceiling by binding where the ceiling floats. Each launcher (horovodrun
+with MPI, horovodrun --gloo, mpirun) then starts W ranks exactly as a user would type it,
 with none of hpcdp's settings exported, so whatever the training applies itself
 is what is measured. Reported: each launcher's samples/s over the ceiling's.
 Rounds rotate the order of the configurations; medians over rounds.
