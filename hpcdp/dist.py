@@ -130,6 +130,19 @@ def settings_line() -> str:
     return f"{plan}, fusion {hvd_settings.format_bytes(fusion)}, {wake}"
 
 
+def oversubscription() -> str | None:
+    """A warning where this rank's compute threads and those of the ranks sharing its
+    CPUs outnumber them (only an exported thread count does that: hpcdp's rule never
+    does), else None. OpenMP threads then wait for each other's time slices at every
+    barrier: 2 ranks x 2 threads on 2 cores trained 10x slower than 1 thread each."""
+    plan = _runtime
+    if plan is None or not plan.oversubscribed:
+        return None
+    return (f"{plan.sharers} local rank(s) x {plan.threads} compute thread(s) share "
+            f"{plan.cpus:g} CPU(s): oversubscribed ({plan.threads_why}); unset "
+            "OMP_NUM_THREADS to let hpcdp choose, or give each rank more CPUs")
+
+
 def wants_gpu(kind: str, cuda_available: bool) -> bool:
     """Whether run.device `kind` (auto | cpu | cuda) puts this rank on a GPU (pure)."""
     return kind == "cuda" or (kind == "auto" and cuda_available)

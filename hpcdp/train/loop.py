@@ -88,6 +88,11 @@ def start(cfg: Config, task: Task) -> setup.Run:
     except dist.AgreedError as e:
         device, error = torch.device("cpu"), str(e)
     dist.print_identity(device)
+    crowded = dist.oversubscription()
+    if crowded and rank == 0:
+        import logging
+
+        logging.getLogger("hpcdp.train").warning(crowded)
     placed = dist.placement_error(device)  # every rank, also one whose pinning failed
     error = error or placed                                    # collective: hpcdp.placement
     read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*

@@ -85,3 +85,22 @@ def test_the_cycle_is_long_only_where_an_enqueue_wakes_horovod() -> None:
     assert "HOROVOD_CYCLE_TIME" not in horovod_env(HorovodConfig(), Path("r"))
     assert horovod_env(HorovodConfig(cycle_time_ms=4), Path("r"),
                        patched=True)["HOROVOD_CYCLE_TIME"] == "4"
+
+
+def test_an_oversubscribed_rank_is_told(monkeypatch) -> None:
+    from hpcdp import dist
+    from hpcdp.hvd_settings import RuntimePlan
+
+    crowded = RuntimePlan(threads=2, threads_why="OMP_NUM_THREADS exported", yield_idle=True,
+                          yield_why="", cpus=2.0, sharers=2, local_ranks=2)
+    monkeypatch.setattr(dist, "_runtime", crowded)
+    text = dist.oversubscription()
+    assert text is not None and text.startswith("2 local rank(s) x 2 compute thread(s) share "
+                                                 "2 CPU(s): oversubscribed")
+    assert "OMP_NUM_THREADS exported" in text
+    fitting = RuntimePlan(threads=1, threads_why="2 CPUs / 2 local ranks", yield_idle=True,
+                          yield_why="", cpus=2.0, sharers=2, local_ranks=2)
+    monkeypatch.setattr(dist, "_runtime", fitting)
+    assert dist.oversubscription() is None
+    monkeypatch.setattr(dist, "_runtime", None)
+    assert dist.oversubscription() is None
