@@ -306,12 +306,16 @@ class BenchError(RuntimeError):
     """A benchmark's ranks failed or left no result: the message carries their output."""
 
 
-def pythonpath_env() -> dict[str, str]:
-    """This process's environment with this checkout first on PYTHONPATH (for a child
-    that must import the same hpcdp, installed or not)."""
+def pythonpath() -> str:
+    """PYTHONPATH for a child that must import this checkout's hpcdp, installed or not:
+    the checkout first, then this process's PYTHONPATH."""
     root = str(Path(__file__).resolve().parents[2])
-    return {**os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
+
+def pythonpath_env() -> dict[str, str]:
+    """This process's environment with `pythonpath()`."""
+    return {**os.environ, "PYTHONPATH": pythonpath()}
 
 
 def run_worker(
@@ -327,7 +331,7 @@ def run_worker(
     Returns the JSON rank 0 wrote. The package's own directory goes on
     PYTHONPATH so that workers import this checkout even when it is not installed.
     """
-    env = {**config.env, "PYTHONPATH": pythonpath_env()["PYTHONPATH"]}
+    env = {**config.env, "PYTHONPATH": pythonpath()}
     path = Path(json_path)
     path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", module, "--worker", "--json", str(path), *worker_args,

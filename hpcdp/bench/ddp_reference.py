@@ -187,13 +187,13 @@ def free_port() -> int:
 
 def launch(worker_args: Sequence[str], np: int, timeout: float) -> tuple[bool, str]:
     """Start `np` ranks as plain processes; kill them all at `timeout`. Returns (ok, output)."""
+    from hpcdp.bench.common import pythonpath
     from hpcdp.bench.processes import run_together
 
-    root = str(Path(__file__).resolve().parents[2])
     threads = hvd_settings.recommended_env(ranks=np)["OMP_NUM_THREADS"]  # hpcdp's rule, as hpcdp
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                 WORLD_SIZE=str(np), OMP_NUM_THREADS=threads, HDF5_USE_FILE_LOCKING="FALSE",
-                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+                PYTHONPATH=pythonpath())
     argv = [sys.executable, "-m", "hpcdp.bench.ddp_reference", *worker_args]
     done = run_together([argv] * np, [dict(base, RANK=str(r)) for r in range(np)], timeout,
                         label="rank")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 from hpcdp import cliargs
 from hpcdp.bench import (
     DATA_SHARE_OF,
+    OVERHEAD_SHARE_OF,
     TARGET_VS_CEILING,
     ceiling,
     common,
@@ -215,8 +215,9 @@ def checks(summary: Mapping[str, Mapping[str, Any]], model: str = "resnet18") ->
     if s.get("vs_ddp") is not None:
         found[f"{model} not slower than DDP (gloo)"] = s["vs_ddp"] >= TARGET_VS_DDP
     if s.get("in_process") is not None:  # the precise instrument, where it ran
-        found[f"{model} 1 rank within {1 - TARGET_VS_BARE:.0%} of the bare loop (one process)"] = (
-            1 - s["in_process"]["overhead_share"] >= TARGET_VS_BARE)
+        share = OVERHEAD_SHARE_OF.get(model, 1 - TARGET_VS_BARE)  # as make bench's table
+        found[f"{model} 1 rank within {share:.0%} of the bare loop (one process)"] = (
+            s["in_process"]["overhead_share"] <= share)
     elif s.get("vs_bare_1") is not None:
         found[f"{model} 1 rank within {1 - TARGET_VS_BARE:.0%} of the bare loop"] = (
             s["vs_bare_1"] >= TARGET_VS_BARE)
@@ -258,8 +259,8 @@ def overhead_table(summary: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> 
 
 
 def _pythonpath_env() -> dict[str, str]:
-    root = str(Path(__file__).resolve().parents[2])
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    """The one variable launches from here add to their environment."""
+    return {"PYTHONPATH": common.pythonpath()}
 
 
 def run_training(s: Setup, data: Path, np: int, run_dir: Path,
@@ -561,10 +562,9 @@ def add_in_process(summary: dict[str, dict[str, Any]], chosen: Sequence[Setup],
         return
     print("\nhpcdp's 1-rank step against the bare loop's in one process (alternating "
           "blocks: the same load on both sides)")
-    wanted = [(s.label, train_overrides(s, data[s.data], work / "unused", args),
+    wanted = [(s.label, train_overrides(s, data[s.data], work / f"overhead-{s.label}", args),
                summary[s.label]["step_ms_1"]) for s in mine]
-    env = {**os.environ, **_pythonpath_env()}
-    for label, figures in train_overhead.measure(wanted, args, env, work).items():
+    for label, figures in train_overhead.measure(wanted, args, common.pythonpath_env()).items():
         summary[label]["in_process"] = figures
 
 

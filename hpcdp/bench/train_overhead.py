@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hpcdp.bench import common
@@ -68,12 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def measure(labels_overrides: Sequence[tuple[str, list[str], float]], args: argparse.Namespace,
-            env: dict[str, str], run_root: Path) -> dict[str, dict[str, Any]]:
-    """Each (label, training overrides, 1-rank step ms): its in-process figures."""
+            env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Each (label, training overrides with its own run.dir, 1-rank step ms): its
+    in-process figures."""
     found = {}
     for label, overrides, step_ms in labels_overrides:
-        run_dir = run_root / f"overhead-{label}"
-        found[label] = run([*overrides, f"run.dir={run_dir}"], step_ms, args.overhead_blocks,
-                           label, args.timeout, env)
+        found[label] = run(overrides, step_ms, args.overhead_blocks, label, args.timeout, env)
         print(text(label, found[label]), flush=True)
     return found

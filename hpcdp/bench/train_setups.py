@@ -8,7 +8,6 @@ ranks and summarized under its own label.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -99,9 +98,7 @@ def prepare_data(root: Path, chosen: Sequence[Setup], args: argparse.Namespace,
                  ) -> dict[str, Path]:
     """Each setup's data, written once for every run that reads it."""
     paths: dict[str, Path] = {}
-    root_dir = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [root_dir, os.environ.get("PYTHONPATH")]))}
+    env = common.pythonpath_env()
     for s in chosen:
         if s.data in paths:
             continue

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from hpcdp.train.checkpoints import CheckpointManager, TrainState
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
 from hpcdp.train.step import train_step
+
+log = logging.getLogger("hpcdp.train")
 
 
 @dataclass
@@ -90,9 +93,7 @@ def start(cfg: Config, task: Task) -> setup.Run:
     dist.print_identity(device)
     crowded = dist.oversubscription()
     if crowded and rank == 0:
-        import logging
-
-        logging.getLogger("hpcdp.train").warning(crowded)
+        log.warning(crowded)
     placed = dist.placement_error(device)  # every rank, also one whose pinning failed
     error = error or placed                                    # collective: hpcdp.placement
     read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
@@ -207,9 +208,7 @@ def agree_stop(preempt: Any, hooks: Hooks, step: int, carrier: Any = None) -> st
 def save(ckpts: CheckpointManager, run: setup.Run, state: TrainState, rep: Reporter) -> None:
     path, note = ckpts.save(run, state)
     if note:
-        import logging
-
-        logging.getLogger("hpcdp.train").warning(note)
+        log.warning(note)
     rep.info(f"checkpoint written: {path}")
 
 
