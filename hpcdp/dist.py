@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence, Set
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -150,7 +150,7 @@ def wants_gpu(kind: str, cuda_available: bool) -> bool:
 
 def choose_device(kind: str, local_rank: int, cuda_available: bool, device_count: int,
                   visible: str | None, node_gpus: int | None = None,
-                  affinity: set[int] | None = None, near: Sequence[set[int] | None] = (),
+                  affinity: Set[int] | None = None, near: Sequence[Set[int] | None] = (),
                   where: str = "this rank") -> torch.device:
     """This rank's device: a GPU by hpcdp.placement.choose_gpu, or the CPU.
 

@@ -8,9 +8,11 @@ rules can be tested without a launcher or a GPU.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpcdp.cpus import parse_cpu_list
 
 
 class PlacementError(ValueError):
@@ -60,25 +62,14 @@ def physical_gpu(local_rank: int, cuda_visible_devices: str | None) -> str | Non
     return devices[device_index_for_local_rank(local_rank, len(devices))]
 
 
-def parse_cpulist(text: str) -> set[int]:
-    """Linux's CPU list format ("0-3,8,10-11") -> {0, 1, 2, 3, 8, 10, 11}."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
 def gpu_cpus(pci_addresses: Sequence[str | None], sysfs: str | Path = "/sys",
-             ) -> list[set[int] | None]:
+             ) -> list[frozenset[int] | None]:
     """The CPUs nearest each GPU (sysfs local_cpulist of its PCI device); None if unknown."""
-    found: list[set[int] | None] = []
+    found: list[frozenset[int] | None] = []
     for address in pci_addresses:
         path = Path(sysfs) / "bus" / "pci" / "devices" / str(address).lower() / "local_cpulist"
         try:
-            found.append(parse_cpulist(path.read_text()) if address else None)
+            found.append(parse_cpu_list(path.read_text()) if address else None)
         except (OSError, ValueError):
             found.append(None)
     return found
@@ -90,7 +81,7 @@ def node_gpu_count(environ: Mapping[str, str]) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def nearest_gpu(affinity: set[int], near: Sequence[set[int] | None]) -> int | None:
+def nearest_gpu(affinity: Set[int], near: Sequence[Set[int] | None]) -> int | None:
     """The one GPU whose CPUs hold more of `affinity` than any other's, else None."""
     shares = [len(affinity & cpus) if cpus else 0 for cpus in near]
     best = max(shares, default=0)
@@ -100,7 +91,7 @@ def nearest_gpu(affinity: set[int], near: Sequence[set[int] | None]) -> int | No
 
 
 def choose_gpu(visible: Sequence[str], local_rank: int, node_gpus: int | None = None,
-               affinity: set[int] | None = None, near: Sequence[set[int] | None] = (),
+               affinity: Set[int] | None = None, near: Sequence[Set[int] | None] = (),
                where: str = "this rank") -> int:
     """Index into `visible` (the GPUs this rank sees) of the GPU it uses.
 

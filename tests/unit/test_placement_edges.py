@@ -5,12 +5,15 @@ Each test pins down a behaviour that mutation testing (`make mutate`) found ungu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpcdp.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,
+    gpu_cpus,
     placement_message,
 )
 
@@ -46,10 +49,17 @@ def test_placement_message_in_full() -> None:
 
 
 def test_cpulists_skip_empty_parts() -> None:
-    from hpcdp.placement import parse_cpulist
+    from hpcdp.cpus import parse_cpu_list
 
-    assert parse_cpulist("0-1,,4\n") == {0, 1, 4}
-    assert parse_cpulist("") == set()
+    assert parse_cpu_list("0-1,,4\n") == {0, 1, 4}
+    assert parse_cpu_list("") == set()
+
+
+def test_a_malformed_local_cpulist_leaves_that_gpu_unknown(tmp_path: Path) -> None:
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0"
+    device.mkdir(parents=True)
+    (device / "local_cpulist").write_text("7-3\n")  # backwards: not a list the kernel writes
+    assert gpu_cpus(["0000:3b:00.0"], tmp_path) == [None]
 
 
 def test_the_nearest_gpu_may_hold_a_single_cpu_and_unknown_ones_hold_none() -> None:

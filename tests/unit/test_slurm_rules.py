@@ -18,7 +18,6 @@ from hpcdp.placement import (
     launch_mismatch,
     nearest_gpu,
     node_gpu_count,
-    parse_cpulist,
 )
 from hpcdp.preempt import EXIT_REQUEUE, EXIT_STOPPED, after_stop, requeue_target, stop_outcome
 
@@ -170,7 +169,8 @@ def test_nearest_gpu_from_a_fake_sysfs_tree(tmp_path: Path) -> None:
     # Two sockets of 8 cores (and their hyperthreads), one GPU on each.
     sysfs = fake_sysfs(tmp_path, {"0000:3b:00.0": "0-7,16-23", "0000:af:00.0": "8-15,24-31"})
     near = gpu_cpus(["0000:3B:00.0", "0000:af:00.0", "0000:00:00.0", None], sysfs)
-    assert near[:2] == [parse_cpulist("0-7,16-23"), parse_cpulist("8-15,24-31")]
+    socket0, socket1 = {*range(0, 8), *range(16, 24)}, {*range(8, 16), *range(24, 32)}
+    assert near[:2] == [socket0, socket1]
     assert near[2:] == [None, None]  # no such device; address unknown
     near = near[:2]
     # Local rank 0 bound to the second socket (a cyclic distribution): its near GPU, 1.
@@ -184,9 +184,7 @@ def test_nearest_gpu_from_a_fake_sysfs_tree(tmp_path: Path) -> None:
     assert nearest_gpu({1}, []) is None
 
 
-def test_cpulist_and_node_gpu_count() -> None:
-    assert parse_cpulist("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
-    assert parse_cpulist("\n") == set()
+def test_node_gpu_count() -> None:
     assert node_gpu_count({"SLURM_GPUS_ON_NODE": "4"}) == 4
     assert node_gpu_count({}) is None
 
