@@ -30,9 +30,9 @@ import math
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpcdp import cliargs
 from hpcdp.bench import (
@@ -58,6 +58,8 @@ TARGET_DATA_SHARE = 0.05
 LM_SHAPE = "gpt2_124m"
 TARGET_VS_DDP = 1.0
 TARGET_VS_BARE = 0.98
+
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- pure math
@@ -447,24 +449,39 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
-def main_ceiling(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-ceiling-") as tmp:
-        work = Path(tmp)
+def in_scratch(prefix: str, measure: Callable[[Path], T]) -> T | None:
+    """`measure(folder)` in a scratch folder removed afterwards; a failed or timed-out
+    launch, or bad input, is printed and gives None."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         try:
-            chosen = setups(args.models, args)
-            data = prepare_data(work / "data", chosen, args)
-            runs = run_ceiling_rounds(chosen, data, work, args)
+            return measure(Path(tmp))
         except (common.BenchError, subprocess.TimeoutExpired, ValueError,
                 FileNotFoundError) as err:
             print(f"hpcdp bench train: {err}", file=sys.stderr)
-            return 1
-    summary, met = ceiling.report(runs, args)
-    payload = {"benchmark": "train-ceiling",
+            return None
+
+
+def write_results(args: argparse.Namespace, benchmark: str, targets: Mapping[str, Any],
+                  **results: Any) -> None:
+    """The benchmark's JSON (its parameters, targets and results) in --out as --name."""
+    payload = {"benchmark": benchmark,
                "params": {k: v for k, v in vars(args).items() if k not in ("out", "name")},
-               "targets": {"vs_ceiling": TARGET_VS_CEILING},
-               "runs": runs, "summary": summary}
-    print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
+               "targets": dict(targets), **results}
+    print(f"wrote {common.write_json(Path(args.out) / f'{args.name}.json', payload)}")
+
+
+def main_ceiling(args: argparse.Namespace) -> int:
+    def measure(work: Path) -> list[dict[str, Any]]:
+        chosen = setups(args.models, args)
+        data = prepare_data(work / "data", chosen, args)
+        return run_ceiling_rounds(chosen, data, work, args)
+
+    runs = in_scratch("hpcdp-bench-ceiling-", measure)
+    if runs is None:
+        return 1
+    summary, met = ceiling.report(runs, args)
+    write_results(args, "train-ceiling", {"vs_ceiling": TARGET_VS_CEILING},
+                  runs=runs, summary=summary)
     return 1 if args.check and not met else 0
 
 
@@ -572,39 +589,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.mode == "ceiling":
         return main_ceiling(args)
-    out = Path(args.out)
-    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-train-") as tmp:
-        work = Path(tmp)
-        try:
-            chosen = setups(args.models, args)
-            data = prepare_data(work / "data", chosen, args)
-            found = run_rounds(chosen, data, work, args)
-            summary = summarize(found["runs"], found["ddp"], bare=found["bare"])
-            for s in chosen:
-                if s.seq_len:
-                    summary[s.label].update(token_rates(summary[s.label], s.seq_len),
-                                            seq_len=s.seq_len)
-            comparison = report(summary, chosen, found, data, args)
-            add_in_process(summary, chosen, data, work, args)
-        except (common.BenchError, subprocess.TimeoutExpired, ValueError,
-                FileNotFoundError) as err:
-            print(f"hpcdp bench train: {err}", file=sys.stderr)
-            return 1
+
+    def measure(work: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        chosen = setups(args.models, args)
+        data = prepare_data(work / "data", chosen, args)
+        found = run_rounds(chosen, data, work, args)
+        summary = summarize(found["runs"], found["ddp"], bare=found["bare"])
+        for s in chosen:
+            if s.seq_len:
+                summary[s.label].update(token_rates(summary[s.label], s.seq_len),
+                                        seq_len=s.seq_len)
+        comparison = report(summary, chosen, found, data, args)
+        add_in_process(summary, chosen, data, work, args)
+        return found, summary, comparison
+
+    measured = in_scratch("hpcdp-bench-train-", measure)
+    if measured is None:
+        return 1
+    found, summary, comparison = measured
     verdict = checks(summary)
     for name, ok in verdict.items():
         print(f"  {'met ' if ok else 'MISSED'}  {name}")
-    payload = {
-        "benchmark": "train",
-        "params": {k: v for k, v in vars(args).items()
-                   if k not in ("out", "name")},
-        "targets": {"data_share": TARGET_DATA_SHARE,
-                    "data_share_of": DATA_SHARE_OF,
-                    "vs_ddp": TARGET_VS_DDP, "vs_bare": TARGET_VS_BARE},
-        **found, "recsys": comparison,
-        "summary": {**summary, "checks": verdict},
-    }
-    print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
+    write_results(args, "train",
+                  {"data_share": TARGET_DATA_SHARE, "data_share_of": DATA_SHARE_OF,
+                   "vs_ddp": TARGET_VS_DDP, "vs_bare": TARGET_VS_BARE},
+                  **found, recsys=comparison, summary={**summary, "checks": verdict})
     if not args.no_plot:
-        print(f"wrote {plot(summary, out / f'{args.name}.png')}")
+        print(f"wrote {plot(summary, Path(args.out) / f'{args.name}.png')}")
     finite = all(math.isfinite(s["efficiency"]) for s in summary.values())
     return 1 if (args.check and not all(verdict.values())) or not finite else 0

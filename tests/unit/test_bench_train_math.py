@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,20 @@ def test_step_overhead_is_the_median_of_paired_differences() -> None:
     assert s["last_window"] == {"data_ms": 0.1, "compute_ms": 5.0, "comm_ms": 0.0}
     with pytest.raises(ValueError, match="no timed blocks"):
         overhead([], split, "m")
+
+
+def test_a_failed_measurement_is_printed_and_its_scratch_folder_removed(capsys) -> None:
+    from hpcdp.bench import common
+    from hpcdp.bench.train import in_scratch
+
+    used: list[Path] = []
+
+    def fails(work: Path) -> int:
+        used.append(work)
+        (work / "partial.json").write_text("{}")
+        raise common.BenchError("rank 1 exited with 1")
+
+    assert in_scratch("hpcdp-test-", fails) is None
+    assert "hpcdp bench train: rank 1 exited with 1" in capsys.readouterr().err
+    assert used and not used[0].exists()
+    assert in_scratch("hpcdp-test-", lambda work: work.is_dir()) is True
