@@ -11,7 +11,8 @@
 #   `CMAKE_CXX_STANDARD 14` becomes 17.
 # - CMake >= 4 refuses the bundled Gloo's cmake_minimum_required(2.8.12):
 #   CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake 3.x ignores it).
-# - Wake on enqueue (scripts/horovod-wake-on-enqueue.patch): see below.
+# - Wake on enqueue (scripts/horovod-wake-on-enqueue.patch) and Gloo yielding
+#   when busy (scripts/gloo-yield-when-busy.patch): see below.
 # - Controllers: MPI when mpicc is found (HPCDP_HVD_MPI=0 to leave it out), and
 #   Gloo always.
 # - GPU_OPS: NCCL | none | auto (NCCL when nvcc is found and torch is a CUDA
@@ -61,12 +62,20 @@ PYEOF
 if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
   die "failed to switch Horovod's C++ standard to 17"
 fi
-# hpcdp's one behavioural patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1, which
-# hpcdp.hvd_settings sets for CPU training): the background thread starts a cycle
-# as soon as a tensor is enqueued instead of sleeping out the cycle time, so a
-# step's last all-reduce does not wait up to a cycle. Applied once per tree.
-patch_file="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/horovod-wake-on-enqueue.patch"
-if ! grep -q HOROVOD_WAKE_ON_ENQUEUE "$SRC/horovod/common/operations.cc"; then
+# hpcdp's two behavioural patches, each applied once per tree (a marker it adds
+# tells whether a tree has it):
+# - scripts/horovod-wake-on-enqueue.patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1,
+#   which hpcdp.hvd_settings sets for CPU training): the background thread starts a
+#   cycle as soon as a tensor is enqueued instead of sleeping out the cycle time,
+#   so a step's last all-reduce does not wait up to a cycle.
+# - scripts/gloo-yield-when-busy.patch (always on): Gloo's TCP event loop, finding
+#   a connection locked by the thread sending on it, yields its core before trying
+#   again instead of spinning; with a rank pinned to one core the spin kept the
+#   sender off the core for milliseconds (docs/benchmarks.md, 2026-12-02).
+apply_patch() {  # apply_patch NAME FILE-THAT-HAS-THE-MARKER MARKER
+  local patch_file
+  patch_file="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$1"
+  grep -q "$3" "$SRC/$2" && return 0
   if command -v patch >/dev/null 2>&1; then
     patch -d "$SRC" -p1 --forward --quiet < "$patch_file" || die "failed to apply $patch_file"
   elif command -v git >/dev/null 2>&1; then
@@ -74,8 +83,12 @@ if ! grep -q HOROVOD_WAKE_ON_ENQUEUE "$SRC/horovod/common/operations.cc"; then
   else
     die "neither patch nor git is installed to apply $patch_file (apt-get install patch)"
   fi
-fi
-if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue); not building"; exit 0; fi
+  grep -q "$3" "$SRC/$2" || die "$patch_file applied, but $2 lacks $3"
+}
+apply_patch horovod-wake-on-enqueue.patch horovod/common/operations.cc HOROVOD_WAKE_ON_ENQUEUE
+apply_patch gloo-yield-when-busy.patch third_party/gloo/gloo/transport/tcp/pair.cc \
+  GLOO_YIELD_WHEN_BUSY
+if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy); not building"; exit 0; fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
 # standard headers, and some of the release's files rely on that (group_table.h,

@@ -2,8 +2,9 @@
 
 The build itself is exercised by `make test`'s setup on a fresh machine; what
 is checked here is that patching is idempotent: a second run over a tree the
-first run patched (a retried build) must go on, not stop silently; and that the
-wake-on-enqueue patch applies to the sources it was made from.
+first run patched (a retried build) must go on, not stop silently; and that
+hpcdp's patches (wake on enqueue, Gloo yielding when busy) apply to the sources
+they were made from, each once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-horovod.sh"
 
 
 WAKE_PATCH = SCRIPT.parent / "horovod-wake-on-enqueue.patch"
+GLOO_PATCH = SCRIPT.parent / "gloo-yield-when-busy.patch"
 
 
 def _unpatched_sources(patch: str) -> dict[str, str]:
@@ -41,9 +43,10 @@ def _tree(root: Path) -> Path:
     (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: horovod\nVersion: 0.28.1\n")
     (src / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
     (src / "third_party" / "gloo" / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
-    for name, text in _unpatched_sources(WAKE_PATCH.read_text()).items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_text(text)
+    for patch in (WAKE_PATCH, GLOO_PATCH):
+        for name, text in _unpatched_sources(patch.read_text()).items():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).write_text(text)
     return src
 
 
@@ -65,6 +68,9 @@ def test_patching_twice_goes_on(tmp_path: Path) -> None:
         operations = (src / "horovod/common/operations.cc").read_text()
         assert operations.count("HOROVOD_WAKE_ON_ENQUEUE") == 1  # applied, and only once
         assert "WaitForQueuedWork" in operations
+        pair = (src / "third_party/gloo/gloo/transport/tcp/pair.cc").read_text()
+        assert pair.count("GLOO_YIELD_WHEN_BUSY") == 1
+        assert pair.count("std::this_thread::yield();") == 1
 
 
 def test_refuses_another_release(tmp_path: Path) -> None:
