@@ -11,8 +11,8 @@
 #   `CMAKE_CXX_STANDARD 14` becomes 17.
 # - CMake >= 4 refuses the bundled Gloo's cmake_minimum_required(2.8.12):
 #   CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake 3.x ignores it).
-# - Wake on enqueue (scripts/horovod-wake-on-enqueue.patch) and Gloo yielding
-#   when busy (scripts/gloo-yield-when-busy.patch): see below.
+# - Wake on enqueue, Gloo yielding when busy, and two-rank Gloo all-reduce in
+#   one exchange (scripts/*.patch): see below.
 # - Controllers: MPI when mpicc is found (HPCDP_HVD_MPI=0 to leave it out), and
 #   Gloo always.
 # - GPU_OPS: NCCL | none | auto (NCCL when nvcc is found and torch is a CUDA
@@ -62,7 +62,7 @@ PYEOF
 if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
   die "failed to switch Horovod's C++ standard to 17"
 fi
-# hpcdp's two behavioural patches, each applied once per tree (a marker it adds
+# hpcdp's three behavioural patches, each applied once per tree (a marker it adds
 # tells whether a tree has it):
 # - scripts/horovod-wake-on-enqueue.patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1,
 #   which hpcdp.hvd_settings sets for CPU training): the background thread starts a
@@ -72,6 +72,10 @@ fi
 #   a connection locked by the thread sending on it, yields its core before trying
 #   again instead of spinning; with a rank pinned to one core the spin kept the
 #   sender off the core for milliseconds (docs/benchmarks.md, 2026-12-02).
+# - scripts/horovod-gloo-pair-allreduce.patch (always on): between exactly two
+#   ranks, Gloo all-reduces of up to 256 KiB (a small model's gradients, and the
+#   controller's per-cycle negotiation) go as one exchange of the whole buffer
+#   each way instead of Gloo's ring of four segments in two phases.
 apply_patch() {  # apply_patch NAME FILE-THAT-HAS-THE-MARKER MARKER
   local patch_file
   patch_file="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$1"
@@ -88,7 +92,9 @@ apply_patch() {  # apply_patch NAME FILE-THAT-HAS-THE-MARKER MARKER
 apply_patch horovod-wake-on-enqueue.patch horovod/common/operations.cc HOROVOD_WAKE_ON_ENQUEUE
 apply_patch gloo-yield-when-busy.patch third_party/gloo/gloo/transport/tcp/pair.cc \
   GLOO_YIELD_WHEN_BUSY
-if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy); not building"; exit 0; fi
+apply_patch horovod-gloo-pair-allreduce.patch horovod/common/ops/gloo_operations.cc \
+  pair_allreduce.h
+if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy, pair all-reduce); not building"; exit 0; fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
 # standard headers, and some of the release's files rely on that (group_table.h,

@@ -3,8 +3,8 @@
 The build itself is exercised by `make test`'s setup on a fresh machine; what
 is checked here is that patching is idempotent: a second run over a tree the
 first run patched (a retried build) must go on, not stop silently; and that
-hpcdp's patches (wake on enqueue, Gloo yielding when busy) apply to the sources
-they were made from, each once.
+hpcdp's patches (wake on enqueue, Gloo yielding when busy, the two-rank Gloo
+all-reduce) apply to the sources they were made from, each once.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-horovod.sh"
 
 WAKE_PATCH = SCRIPT.parent / "horovod-wake-on-enqueue.patch"
 GLOO_PATCH = SCRIPT.parent / "gloo-yield-when-busy.patch"
+PAIR_PATCH = SCRIPT.parent / "horovod-gloo-pair-allreduce.patch"
 
 
 def _unpatched_sources(patch: str) -> dict[str, str]:
@@ -43,7 +44,7 @@ def _tree(root: Path) -> Path:
     (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: horovod\nVersion: 0.28.1\n")
     (src / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
     (src / "third_party" / "gloo" / "CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 14)\n")
-    for patch in (WAKE_PATCH, GLOO_PATCH):
+    for patch in (WAKE_PATCH, GLOO_PATCH, PAIR_PATCH):
         for name, text in _unpatched_sources(patch.read_text()).items():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_text(text)
@@ -71,6 +72,10 @@ def test_patching_twice_goes_on(tmp_path: Path) -> None:
         pair = (src / "third_party/gloo/gloo/transport/tcp/pair.cc").read_text()
         assert pair.count("GLOO_YIELD_WHEN_BUSY") == 1
         assert pair.count("std::this_thread::yield();") == 1
+        ops = (src / "horovod/common/ops/gloo_operations.cc").read_text()
+        assert ops.count('#include "../gloo/pair_allreduce.h"') == 1
+        header = (src / "horovod/common/gloo/pair_allreduce.h").read_text()
+        assert header.count("// GLOO_PAIR_ALLREDUCE:") == 1  # created, not appended to
 
 
 def test_refuses_another_release(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ this rank exit non-zero and the launcher fail the run.
 
 from __future__ import annotations
 
+import math
+
 import horovod.torch as hvd
 import torch
 
@@ -29,6 +31,27 @@ def check_allreduce() -> None:
     for op, want_val in ((hvd.Min, 1), (hvd.Max, n)):
         got = hvd.allreduce(torch.tensor([r + 1]), op=op, name=f"minmax.{op}")
         assert got.item() == want_val, f"{op}: {got.item()} != {want_val}"
+
+
+def check_allreduce_agrees() -> None:
+    """Sums of random floats: every rank gets the same bits, the sum of every rank's
+    input, below and above the size where hpcdp's Horovod build changes algorithm
+    between two ranks under Gloo (one exchange up to 256 KiB, then Gloo's ring)."""
+    n, r = hvd.size(), hvd.rank()
+    for elems in (7, 60_000, 100_000):  # 28 B, 240 KB, 400 KB
+        inputs = [torch.randn(elems, generator=torch.Generator().manual_seed(1000 * i + elems))
+                  for i in range(n)]
+        got = hvd.allreduce(inputs[r], op=hvd.Sum, name=f"agree.{elems}")
+        everyone = hvd.allgather(got.unsqueeze(0), name=f"agree.{elems}.results")
+        for i in range(n):
+            assert torch.equal(everyone[i], got), f"{elems} floats: rank {i} got other bits"
+        want = torch.stack(inputs).sum(0)
+        if n == 2:  # a + b, whatever the algorithm
+            assert torch.equal(got, want), f"{elems} floats: {got[:3]} != {want[:3]}"
+        torch.testing.assert_close(got, want)
+    product = hvd.allreduce(torch.tensor([r + 2, -1]), op=hvd.Product, name="product")
+    want = torch.tensor([math.prod(range(2, n + 2)), (-1) ** n])
+    assert torch.equal(product, want), f"Product: {product} != {want}"
 
 
 def check_allgather() -> None:
@@ -111,6 +134,7 @@ def main() -> None:
     hvd.init()
     assert hvd.size() >= 2, f"expected several ranks, got size {hvd.size()}"
     check_allreduce()
+    check_allreduce_agrees()
     check_allgather()
     check_broadcast()
     check_broadcast_state()
