@@ -24,6 +24,7 @@ import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcdp import containers, sites
@@ -398,6 +399,37 @@ def render(
     config and overrides (`key.sub=value`): the training run; arguments given
     to sbatch after the script are appended to them.
     """
+    alloc = _allocation(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
+                        signal, signal_lead, exclusive)
+    lines = ["#!/bin/bash", HEADER.rstrip("\n")]
+    lines += _sbatch_lines(alloc, job_name, output, partition=partition, account=account,
+                           qos=qos, constraint=constraint)
+    lines += [_sbatch_option(i, o) for i, o in enumerate(_lines("sbatch_options", sbatch_options))]
+    lines.append("set -eo pipefail")
+    lines += _environment(modules, setup, env, venv, srun_mpi)
+    lines += _launch(srun_options, container)
+    lines += _training_args(signal, config, overrides)
+    return "\n".join(lines) + "\n" + PROLOGUE + TRAIN
+
+
+@dataclass(frozen=True)
+class _Allocation:
+    """render()'s allocation, checked."""
+
+    nodes: int
+    gpus_per_node: int
+    ntasks_per_node: int | None
+    cpus_per_task: int | None
+    time: str
+    signal: str
+    signal_lead: int
+    exclusive: bool
+
+
+def _allocation(nodes: object, gpus_per_node: object, ntasks_per_node: object,
+                cpus_per_task: object, time: str, signal: str, signal_lead: object,
+                exclusive: object) -> _Allocation:
+    """The allocation's values checked against each other and Slurm's limits."""
     nodes = _int("nodes", nodes, 1)
     gpus_per_node = _int("gpus_per_node", gpus_per_node, 0)
     if ntasks_per_node is not None:
@@ -423,37 +455,45 @@ def render(
         )
     if not isinstance(exclusive, bool):
         raise RenderError(f"exclusive must be true or false, got {exclusive!r}")
+    return _Allocation(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time, signal,
+                       signal_lead, exclusive)
 
+
+def _sbatch_lines(alloc: _Allocation, job_name: str, output: str,
+                  **optional: str | None) -> list[str]:
+    """The #SBATCH lines for the allocation; `optional`: partition, account, qos,
+    constraint, each left out when None."""
     sb = [
         f"--job-name={_q(_sbatch_value('job_name', job_name))}",
-        f"--nodes={nodes}",
+        f"--nodes={alloc.nodes}",
     ]
     # Left out by default, so that `sbatch --ntasks=N` or `--gpus-per-node=G` decide.
-    if ntasks_per_node or gpus_per_node:
-        sb.append(f"--ntasks-per-node={ntasks_per_node or gpus_per_node}")
-    if gpus_per_node:
-        sb.append(f"--gpus-per-node={gpus_per_node}")
-    if cpus_per_task is not None:
-        sb.append(f"--cpus-per-task={cpus_per_task}")
-    if exclusive:
+    if alloc.ntasks_per_node or alloc.gpus_per_node:
+        sb.append(f"--ntasks-per-node={alloc.ntasks_per_node or alloc.gpus_per_node}")
+    if alloc.gpus_per_node:
+        sb.append(f"--gpus-per-node={alloc.gpus_per_node}")
+    if alloc.cpus_per_task is not None:
+        sb.append(f"--cpus-per-task={alloc.cpus_per_task}")
+    if alloc.exclusive:
         sb.append("--exclusive")
-    sb.append(f"--time={_q(time)}")
-    for name, value in (("partition", partition), ("account", account), ("qos", qos),
-                        ("constraint", constraint)):
+    sb.append(f"--time={_q(alloc.time)}")
+    for name, value in optional.items():
         if value is not None:
             sb.append(f"--{name}={_q(_sbatch_value(name, value))}")
     sb += [
-        f"--signal={signal}@{signal_lead}",
+        f"--signal={alloc.signal}@{alloc.signal_lead}",
         "--requeue",
         "--open-mode=append",
         f"--output={_q(_sbatch_value('output', output))}",
     ]
-    lines = ["#!/bin/bash", HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb)]
-    lines += [_sbatch_option(i, o) for i, o in enumerate(_lines("sbatch_options", sbatch_options))]
-    lines.append("set -eo pipefail")
+    return [f"#SBATCH {o}" for o in sb]
 
-    body: list[str] = []
-    body += [f"module load {_q(m)}" for m in _lines("modules", modules)]
+
+def _environment(modules: Sequence[str], setup: Sequence[str], env: Mapping[str, str] | None,
+                 venv: str | None, srun_mpi: str | None) -> list[str]:
+    """Shell lines that load modules, run the setup lines, export `env`, and name the
+    venv and srun's MPI plugin for the launch that follows."""
+    body = [f"module load {_q(m)}" for m in _lines("modules", modules)]
     body += _lines("setup", setup)
     if env is not None:
         if not isinstance(env, Mapping):
@@ -469,7 +509,13 @@ def render(
             raise RenderError(f"srun_mpi {srun_mpi!r} is not an MPI plugin name like pmix "
                               "(see `srun --mpi=list`)")
         body.append(f"export HPCDP_SRUN_MPI={srun_mpi}")
-    body += _launch(srun_options, container)
+    return body
+
+
+def _training_args(signal: str, config: str | None, overrides: Sequence[str]) -> list[str]:
+    """The shell arrays the launch hands to `hpcdp.train`: the warning signal where the
+    training does not catch it by default, then the config and overrides."""
+    body = []
     if signal not in PreemptConfig().signals:
         # After the sbatch arguments, so that none of them is taken for an option value.
         body.append(_q(f'preempt.signals=["{signal}","TERM"]').join(("signal_args=(", ")")))
@@ -481,7 +527,7 @@ def render(
             raise RenderError(f"overrides[{i}] {item!r} is not of the form key.sub=value")
         args.append(item)
     body.append("train_args=(" + " ".join(_q(a) for a in args) + ")")
-    return "\n".join(lines + body) + "\n" + PROLOGUE + TRAIN
+    return body
 
 
 def render_prep() -> str:
