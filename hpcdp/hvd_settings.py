@@ -169,27 +169,38 @@ def wake_requested(environ: Mapping[str, str]) -> bool:
         return False
 
 
-_PATCH_MARK = WAKE_VAR.encode()
-_patched: dict[str, bool] = {}
+#: What each of hpcdp's Horovod patches (scripts/*.patch) leaves in the library.
+PATCH_MARKS: Mapping[str, bytes] = {
+    "wake-on-enqueue": WAKE_VAR.encode(),
+    "gloo-yield-when-busy": b"hpcdp-gloo-yield-when-busy",
+    "gloo-pair-allreduce": b"hpcdp-gloo-pair-allreduce",
+}
+_patches: dict[str, frozenset[str]] = {}
 
 
-def horovod_wakes(library: str | None = None) -> bool:
-    """Whether the installed Horovod has hpcdp's wake-on-enqueue patch (its library
-    names the variable). Read once per library: a file search, no import."""
+def horovod_patches(library: str | None = None) -> frozenset[str]:
+    """The names in PATCH_MARKS of hpcdp's patches the installed Horovod was built with
+    (their marks are in its library). Read once per library: a file search, no import."""
     if library is None:
         import importlib.util
 
         spec = importlib.util.find_spec("horovod.torch.mpi_lib_v2")
         library = spec.origin if spec is not None and spec.origin else ""
-    if library not in _patched:
+    if library not in _patches:
         try:
             import mmap
 
             with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                _patched[library] = m.find(_PATCH_MARK) >= 0
+                _patches[library] = frozenset(
+                    name for name, mark in PATCH_MARKS.items() if m.find(mark) >= 0)
         except (OSError, ValueError):
-            _patched[library] = False
-    return _patched[library]
+            _patches[library] = frozenset()
+    return _patches[library]
+
+
+def horovod_wakes(library: str | None = None) -> bool:
+    """Whether the installed Horovod has hpcdp's wake-on-enqueue patch."""
+    return "wake-on-enqueue" in horovod_patches(library)
 
 
 #: Horovod's cycle where an enqueue wakes its thread (see the module doc).

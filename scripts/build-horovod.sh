@@ -63,7 +63,8 @@ if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
   die "failed to switch Horovod's C++ standard to 17"
 fi
 # hpcdp's three behavioural patches, each applied once per tree (a marker it adds
-# tells whether a tree has it):
+# tells whether a tree has it; the markers stay in the library, where `hpcdp
+# doctor` reads them):
 # - scripts/horovod-wake-on-enqueue.patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1,
 #   which hpcdp.hvd_settings sets for CPU training): the background thread starts a
 #   cycle as soon as a tensor is enqueued instead of sleeping out the cycle time,
@@ -91,9 +92,9 @@ apply_patch() {  # apply_patch NAME FILE-THAT-HAS-THE-MARKER MARKER
 }
 apply_patch horovod-wake-on-enqueue.patch horovod/common/operations.cc HOROVOD_WAKE_ON_ENQUEUE
 apply_patch gloo-yield-when-busy.patch third_party/gloo/gloo/transport/tcp/pair.cc \
-  GLOO_YIELD_WHEN_BUSY
+  hpcdp-gloo-yield-when-busy
 apply_patch horovod-gloo-pair-allreduce.patch horovod/common/ops/gloo_operations.cc \
-  pair_allreduce.h
+  hpcdp-gloo-pair-allreduce
 if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy, pair all-reduce); not building"; exit 0; fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other

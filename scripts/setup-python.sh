@@ -22,7 +22,7 @@ H5PY_VERSION=3.16.0
 TORCH_REQ=${HPCDP_TORCH:-torch==2.13.0}
 CACHE=${HPCDP_WHEEL_CACHE:-$HOME/.cache/hpcdp/wheels}
 # Bump when the way Horovod is patched or built changes, so old wheels are not reused.
-HOROVOD_RECIPE=4
+HOROVOD_RECIPE=5
 
 log() { echo "setup-python: $*"; }
 

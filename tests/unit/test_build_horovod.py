@@ -70,9 +70,10 @@ def test_patching_twice_goes_on(tmp_path: Path) -> None:
         assert operations.count("HOROVOD_WAKE_ON_ENQUEUE") == 1  # applied, and only once
         assert "WaitForQueuedWork" in operations
         pair = (src / "third_party/gloo/gloo/transport/tcp/pair.cc").read_text()
-        assert pair.count("GLOO_YIELD_WHEN_BUSY") == 1
+        assert pair.count('"hpcdp-gloo-yield-when-busy"') == 1
         assert pair.count("std::this_thread::yield();") == 1
         ops = (src / "horovod/common/ops/gloo_operations.cc").read_text()
+        assert ops.count('"hpcdp-gloo-pair-allreduce"') == 1
         assert ops.count('#include "../gloo/pair_allreduce.h"') == 1
         header = (src / "horovod/common/gloo/pair_allreduce.h").read_text()
         assert header.count("// GLOO_PAIR_ALLREDUCE:") == 1  # created, not appended to

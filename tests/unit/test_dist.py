@@ -62,6 +62,12 @@ def test_wake_text_and_patch_detection(tmp_path: Path) -> None:
     assert hvd_settings.horovod_wakes(str(patched))
     assert not hvd_settings.horovod_wakes(str(plain))
     assert not hvd_settings.horovod_wakes(str(tmp_path / "missing.so"))
+    gloo = tmp_path / "gloo.so"
+    gloo.write_bytes(b"\0" * 4096 + b"hpcdp-gloo-pair-allreduce\0hpcdp-gloo-yield-when-busy\0")
+    assert hvd_settings.horovod_patches(str(gloo)) == {"gloo-pair-allreduce",
+                                                       "gloo-yield-when-busy"}
+    assert hvd_settings.horovod_patches(str(patched)) == {"wake-on-enqueue"}
+    assert hvd_settings.horovod_patches(str(plain)) == frozenset()
     on = {"HOROVOD_WAKE_ON_ENQUEUE": "1", "HOROVOD_CYCLE_TIME": "50"}
     assert hvd_settings.wake_text(on, True) == "wake on enqueue, cycle 50 ms"
     assert "50 ms slept out (Horovod without hpcdp's patch)" in hvd_settings.wake_text(on, False)

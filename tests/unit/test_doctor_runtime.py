@@ -33,3 +33,12 @@ def test_wake_patch_is_reported() -> None:
     assert wake_check(True).status == OK
     plain = wake_check(False)
     assert plain.status == WARN and "make setup" in plain.detail
+
+
+def test_gloo_patches_are_reported() -> None:
+    from hpcdp.doctor import OK, WARN, gloo_check
+
+    assert gloo_check(frozenset({"gloo-yield-when-busy", "gloo-pair-allreduce"})).status == OK
+    half = gloo_check(frozenset({"wake-on-enqueue", "gloo-pair-allreduce"}))
+    assert half.status == WARN and "gloo-yield-when-busy patch" in half.detail
+    assert "make setup" in gloo_check(frozenset()).detail
