@@ -150,9 +150,8 @@ def gloo_check(patches: frozenset[str]) -> Check:
                      "yields its core when busy; two ranks all-reduce up to 256 KiB in one "
                      "exchange")
     return Check(WARN, "horovod gloo", f"Horovod without hpcdp's {', '.join(missing)} "
-                 "patch: under horovodrun --gloo a small model's steps are slower (the "
-                 "digits CNN reached 0.71x the no-communication ceiling without both, "
-                 "0.79-0.85x with them); 'make setup' builds the patched one")
+                 "patch: under horovodrun --gloo a small model's steps are slower "
+                 "(docs/benchmarks.md); 'make setup' builds the patched one")
 
 
 def check_mpi() -> list[Check]:

@@ -95,7 +95,10 @@ apply_patch gloo-yield-when-busy.patch third_party/gloo/gloo/transport/tcp/pair.
   hpcdp-gloo-yield-when-busy
 apply_patch horovod-gloo-pair-allreduce.patch horovod/common/ops/gloo_operations.cc \
   hpcdp-gloo-pair-allreduce
-if [ "${1:-}" = --patch-only ]; then log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy, pair all-reduce); not building"; exit 0; fi
+if [ "${1:-}" = --patch-only ]; then
+  log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy, pair all-reduce); not building"
+  exit 0
+fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
 # standard headers, and some of the release's files rely on that (group_table.h,

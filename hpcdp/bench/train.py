@@ -260,11 +260,6 @@ def overhead_table(summary: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> 
 # --------------------------------------------------------------------------- runs
 
 
-def _pythonpath_env() -> dict[str, str]:
-    """The one variable launches from here add to their environment."""
-    return {"PYTHONPATH": common.pythonpath()}
-
-
 def run_training(s: Setup, data: Path, np: int, run_dir: Path,
                  args: argparse.Namespace) -> dict[str, Any]:
     """One real training run on `np` ranks; its steady-state figures (and, for the click
@@ -272,7 +267,8 @@ def run_training(s: Setup, data: Path, np: int, run_dir: Path,
     from hpcdp.launcher import run_ranks
 
     argv = [sys.executable, "-m", "hpcdp.train", *train_overrides(s, data, run_dir, args)]
-    run = run_ranks(argv, np=np, launcher="mpirun", timeout=args.timeout, env=_pythonpath_env())
+    run = run_ranks(argv, np=np, launcher="mpirun", timeout=args.timeout,
+                    env={"PYTHONPATH": common.pythonpath()})
     if not run.ok:
         raise common.BenchError(f"{s.label} on {np} rank(s) failed:\n{run.describe()[-6000:]}")
     records = read_metrics(run_dir)
@@ -433,7 +429,7 @@ def run_ceiling_rounds(chosen: Sequence[Setup], data: Mapping[str, Path], work: 
                     sys.executable, "-m", "hpcdp.train",
                     *train_overrides(s, data[s.data], d, args)]
                 dirs, settings = ceiling.run_config(config, argv_for, run_dir, args,
-                                                    _pythonpath_env())
+                                                    {"PYTHONPATH": common.pythonpath()})
                 rate = sum(steady_state(read_metrics(d), args.warmup)["samples_per_s"]
                            for d in dirs)
                 runs.append({"round": rnd, "model": s.label, "config": config,
