@@ -9,7 +9,7 @@ Runs on one process or under mpirun / srun --mpi=pmix. Options: `python datasets
 
 import sys
 
-from hpcdp.data.text_prep import main
+from hpcdp.data.tokens.text_prep import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,15 +11,17 @@ from __future__ import annotations
 import importlib
 import sys
 
-from hpcdp.crash import report_crashes
+from hpcdp.runtime.crash import report_crashes
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("hpcdp.data.prep", "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
     "train": ("hpcdp.train", "train a model data-parallel with Horovod"),
-    "slurm": ("hpcdp.slurm", "render or submit a Slurm batch script; sweeps, chains, job status"),
+    "slurm": ("hpcdp.cluster.cli",
+              "render or submit a Slurm batch script; sweeps, chains, job status"),
     "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
-    "checkpoint": ("hpcdp.checkpoint", "convert a checkpoint from before safe loading, once"),
+    "checkpoint": ("hpcdp.train.checkpoint_files",
+                   "convert a checkpoint from before safe loading, once"),
 }
 
 

@@ -177,7 +177,7 @@ class HorovodConfig:
     """Horovod's knobs: fusion, compression, accumulation, reduction."""
 
     # HOROVOD_FUSION_THRESHOLD; negative: the environment's, else 1 MiB for CPU tensors
-    # through MPI and Horovod's 128 MiB on GPUs and under Gloo (hpcdp.hvd_settings)
+    # through MPI and Horovod's 128 MiB on GPUs and under Gloo (hpcdp.runtime.hvd_settings)
     fusion_threshold_mb: float = -1.0
     # HOROVOD_CYCLE_TIME; negative: the environment's, else 50 ms where Horovod wakes on
     # enqueue (CPU training with hpcdp's Horovod build), else Horovod's 1 ms
@@ -187,7 +187,7 @@ class HorovodConfig:
     op: str = "average"  # average | adasum
     gradient_predivide_factor: float = 1.0  # divide before the sum, the rest after
     # Gradients in flat buckets of this many MiB, each all-reduced in place when full
-    # (hpcdp.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
+    # (hpcdp.runtime.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
     # Horovod's fusion); negative: 64 MiB buckets on CPUs, the DistributedOptimizer on
     # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
     # a model with sparse gradients (set 0).
@@ -598,7 +598,7 @@ def _validate_staging(cfg: Config) -> None:
     """File names that keep their copies inside data.stage_dir (expanded later, per node)."""
     if not cfg.data.stage_dir:
         return
-    from hpcdp.data.staging import name_error
+    from hpcdp.data.staging.plan import name_error
 
     for key in ("data.train_file", "data.val_file"):
         error = name_error(key, getattr(cfg.data, key.split(".")[1]))

@@ -6,7 +6,7 @@ commands and the `srun --mpi` plugin that fits the MPI library). Under a launche
 with several ranks it also gathers every rank's placement and checks that ranks,
 local ranks and sizes agree and that no two local ranks on a node share a GPU.
 Alone or under a launcher, it reports the compute threads and MPI yielding
-training will set on each node (hpcdp's rule, hpcdp.hvd_settings) and warns when
+training will set on each node (hpcdp's rule, hpcdp.runtime.hvd_settings) and warns when
 threads x ranks outnumber the CPUs. It exits non-zero, naming each problem.
 """
 
@@ -23,10 +23,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hpcdp import hvd_settings
 from hpcdp.cliargs import parse_args
-from hpcdp.cpus import format_cpu_list
-from hpcdp.placement import (
+from hpcdp.runtime import hvd_settings
+from hpcdp.runtime.cpus import format_cpu_list
+from hpcdp.runtime.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,
@@ -312,7 +312,7 @@ def my_placement(hvd) -> tuple[RankPlacement, list[str]]:
     """This rank's placement, and any disagreement between Horovod and the launcher."""
     import torch
 
-    from hpcdp import dist  # training's own placement record, so both judge the same facts
+    from hpcdp.runtime import dist  # training's own placement record, so both judge the same facts
 
     if torch.cuda.is_available():
         index = device_index_for_local_rank(hvd.local_rank(), torch.cuda.device_count())

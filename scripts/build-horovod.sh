@@ -66,7 +66,7 @@ fi
 # tells whether a tree has it; the markers stay in the library, where `hpcdp
 # doctor` reads them):
 # - scripts/horovod-wake-on-enqueue.patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1,
-#   which hpcdp.hvd_settings sets for CPU training): the background thread starts a
+#   which hpcdp.runtime.hvd_settings sets for CPU training): the background thread starts a
 #   cycle as soon as a tensor is enqueued instead of sleeping out the cycle time,
 #   so a step's last all-reduce does not wait up to a cycle.
 # - scripts/gloo-yield-when-busy.patch (always on): Gloo's TCP event loop, finding

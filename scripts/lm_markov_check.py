@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from hpcdp import gpt
-from hpcdp.data import tokens as tk
-from hpcdp.data.token_reader import TokenReader
+from hpcdp.models import gpt
+from hpcdp.data.tokens import layout as tk
+from hpcdp.data.tokens.reader import TokenReader
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:

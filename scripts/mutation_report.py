@@ -24,7 +24,7 @@ TIMEOUTS = frozenset({36, 24, -24, 152, 255})
 
 
 def module_of(key: str) -> str:
-    """'hpcdp.schedule.x_lr_at__mutmut_3' -> 'hpcdp.schedule'."""
+    """'hpcdp.train.schedule.x_lr_at__mutmut_3' -> 'hpcdp.train.schedule'."""
     return key.rsplit(".", 1)[0]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.launcher import RankRun, run_ranks
+from hpcdp.runtime.launcher import RankRun, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "parallel" / "workers"

@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.common import RunConfig
 from hpcdp.cliargs import parse_args
+from hpcdp.runtime import hvd_settings
 
 COLUMNS = ("memcpy", "alloc", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
 DEFAULT_COLUMNS = ("memcpy", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
@@ -184,8 +184,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     import horovod.torch as hvd
 
-    from hpcdp import dist
     from hpcdp.config import HorovodConfig
+    from hpcdp.runtime import dist
 
     # Started as training starts it: the fusion threshold from the environment, else
     # hpcdp's rule for this device and controller.

@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp import hvd_settings
 from hpcdp.bench import TARGET_VS_CEILING, common
 from hpcdp.bench.processes import run_together
-from hpcdp.cpus import CpuView, probe
-from hpcdp.launcher import LAUNCHERS, SETTINGS_VARS, run_ranks
+from hpcdp.runtime import hvd_settings
+from hpcdp.runtime.cpus import CpuView, probe
+from hpcdp.runtime.launcher import LAUNCHERS, SETTINGS_VARS, run_ranks
 
 CEILING = "ceiling"
 

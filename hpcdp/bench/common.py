@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hpcdp.launcher import LAUNCHERS, run_ranks
+from hpcdp.runtime.launcher import LAUNCHERS, run_ranks
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
           "G": 2**30, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}

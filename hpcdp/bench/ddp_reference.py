@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp import hvd_settings
+from hpcdp.runtime import hvd_settings
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     from hpcdp.data.reader import ShardedReader
-    from hpcdp.models import build_model
+    from hpcdp.models.vision import build_model
 
     # The threads hpcdp's rule gives this many processes on these CPUs (`launch` sets
     # them), as hpcdp's ranks take: 1 each for 2 processes on 2 cores, both cores for
@@ -120,8 +120,8 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
     default), AdamW groups."""
     import torch
 
-    from hpcdp import gpt
-    from hpcdp.data.token_reader import TokenReader
+    from hpcdp.data.tokens.reader import TokenReader
+    from hpcdp.models import gpt
 
     reader = TokenReader(Path(args.data) / "train.h5", seq_len=args.seq_len,
                          batch_size=args.batch, rank=rank, world_size=size, seed=0)
@@ -139,7 +139,7 @@ def bare(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     from hpcdp.data.reader import ShardedReader
-    from hpcdp.models import build_model
+    from hpcdp.models.vision import build_model
 
     rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     reader = ShardedReader(Path(args.data) / "train.h5", batch_size=args.batch, rank=rank,

@@ -12,7 +12,7 @@ memory, about half a millisecond through Gloo's TCP); launches alternate
 land on one side only.
 
 A third configuration per controller, 'buckets', is the fusion hpcdp trains
-with on CPUs (hpcdp.grad_buckets): each tensor is handed over as a gradient,
+with on CPUs (hpcdp.runtime.grad_buckets): each tensor is handed over as a gradient,
 copied into its place in a flat bucket (64 MiB), and each full bucket is reduced
 in place with one all-reduce, with no copy out.
 """
@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp import hvd_settings
 from hpcdp.bench import common
 from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
 from hpcdp.cliargs import parse_args
-from hpcdp.launcher import LAUNCHERS
+from hpcdp.runtime import hvd_settings
+from hpcdp.runtime.launcher import LAUNCHERS
 
 #: The controller compared beside `--launcher`'s: fusion's gain depends on what one call costs.
 OTHER_CONTROLLER = {"mpirun": "horovodrun-gloo", "horovodrun": "horovodrun-gloo",
@@ -51,7 +51,7 @@ def builtin_configs(launcher: str, other: bool = False, np: int = 2) -> dict[str
 
     'On' sets no threshold: the worker takes hpcdp's for its device and
     controller at init (hvd_settings.fusion_env), as training does. 'Buckets'
-    hands the tensors to hpcdp.grad_buckets with training's CPU bucket size.
+    hands the tensors to hpcdp.runtime.grad_buckets with training's CPU bucket size.
 
     With `other`, the same under the other controller too (MPI <-> Gloo),
     named with a 'gloo-' prefix for Gloo: each controller gives its own speedups.
@@ -74,8 +74,8 @@ def _worker(args: argparse.Namespace) -> int:
     import torch
 
     device = resolve_device(args.device, torch.cuda.is_available())
-    from hpcdp import dist
     from hpcdp.config import HorovodConfig
+    from hpcdp.runtime import dist
 
     # Started as training starts it: the fusion threshold from the environment, else
     # hpcdp's rule for this device and controller.
@@ -92,7 +92,7 @@ def _worker(args: argparse.Namespace) -> int:
             torch.mm(a, b)
 
     if args.bucket_bytes:
-        from hpcdp.grad_buckets import bucketed
+        from hpcdp.runtime.grad_buckets import bucketed
 
         # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
         params = [torch.nn.Parameter(torch.zeros(n, device=device)) for _ in tensors]

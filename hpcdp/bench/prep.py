@@ -1,6 +1,6 @@
 """`hpcdp bench prep`: parallel dataset preparation, 1 rank vs 2 ranks, same data.
 
-Runs `hpcdp prep synthetic` under mpirun (via `hpcdp.launcher.run_ranks`) with
+Runs `hpcdp prep synthetic` under mpirun (via `hpcdp.runtime.launcher.run_ranks`) with
 1 and then 2 ranks, alternating, for a few rounds. The figure compared is the
 preparation's own time (from the first barrier to the renamed file, reported
 by rank 0); the wall time with the launcher's start-up is shown beside it.
@@ -19,7 +19,7 @@ from typing import Any
 from hpcdp.bench import common
 from hpcdp.bench.reader import result_path
 from hpcdp.cliargs import parse_args
-from hpcdp.launcher import run_ranks
+from hpcdp.runtime.launcher import run_ranks
 
 MIB = 2**20
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpcdp.launcher import kill_group
+from hpcdp.runtime.launcher import kill_group
 
 
 @dataclass(frozen=True)

@@ -54,15 +54,15 @@ class HpcdpSide:
     """hpcdp's step and what the loop does around it on one rank (no checkpoints)."""
 
     def __init__(self, run: Any, cfg: Any, run_dir: Path) -> None:
-        from hpcdp.metrics import StepTimes
         from hpcdp.train.evaluate import MetricSums
         from hpcdp.train.hooks import Hooks
+        from hpcdp.train.reporting import StepTimes
 
         self.run, self.cfg = run, cfg
         self.hooks = Hooks(cfg, 0, run_dir)
         self.preempt = None
         if cfg.preempt.enabled and cfg.preempt.signals:
-            from hpcdp.preempt import Preemption
+            from hpcdp.runtime.preempt import Preemption
 
             self.preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
         self.sums = MetricSums(run.task.metrics, run.device, training=True)
@@ -79,8 +79,8 @@ class HpcdpSide:
             epoch += 1
 
     def steps(self, n: int, feed: Any) -> None:
-        from hpcdp.metrics import StepTimes
         from hpcdp.train.loop import agree_stop
+        from hpcdp.train.reporting import StepTimes
         from hpcdp.train.step import train_step
 
         run = self.run
@@ -122,7 +122,8 @@ def timed(fn: Any, n: int) -> float:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from hpcdp import config as cfgmod
-    from hpcdp import dist, tasks
+    from hpcdp import tasks
+    from hpcdp.runtime import dist
     from hpcdp.tasks import fusable
     from hpcdp.train import setup
 

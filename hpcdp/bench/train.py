@@ -264,7 +264,7 @@ def run_training(s: Setup, data: Path, np: int, run_dir: Path,
                  args: argparse.Namespace) -> dict[str, Any]:
     """One real training run on `np` ranks; its steady-state figures (and, for the click
     model, the table gradient MiB one rank hands to Horovod per step)."""
-    from hpcdp.launcher import run_ranks
+    from hpcdp.runtime.launcher import run_ranks
 
     argv = [sys.executable, "-m", "hpcdp.train", *train_overrides(s, data, run_dir, args)]
     run = run_ranks(argv, np=np, launcher="mpirun", timeout=args.timeout,
@@ -440,7 +440,7 @@ def run_ceiling_rounds(chosen: Sequence[Setup], data: Mapping[str, Path], work: 
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    from hpcdp.metrics import read_jsonl
+    from hpcdp.train.reporting import read_jsonl
 
     return read_jsonl(run_dir / "metrics.jsonl")
 

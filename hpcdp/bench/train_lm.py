@@ -44,7 +44,7 @@ def write_corpus(out: Path, windows: int, val_windows: int = 2, seed: int = 0) -
     """train.h5 and val.h5 of uniform random tokens in the GPT-2 vocabulary; `out`."""
     import numpy as np
 
-    from hpcdp.data import tokens as tk
+    from hpcdp.data.tokens import layout as tk
 
     rng = np.random.default_rng(seed)
     eod = VOCAB - 1

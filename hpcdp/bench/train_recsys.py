@@ -65,7 +65,7 @@ def prep_command(out: Path, tables: str, rows: int) -> list[str]:
     """The click log of `tables` size with `rows` training rows, written by one process."""
     if tables not in TABLES:
         raise ValueError(f"table size {tables!r}: choose one of {', '.join(TABLES)}")
-    return [sys.executable, "-m", "hpcdp.data.clicks_prep", "--out", str(out),
+    return [sys.executable, "-m", "hpcdp.data.clicks.prep", "--out", str(out),
             "--rows", str(rows), "--val-rows", str(VAL_ROWS), *TABLES[tables]]
 
 
@@ -81,8 +81,8 @@ def overrides(v: Variant) -> list[str]:
 
 def sent_mib(mode: str, payload_mib: float, mlp_bytes: int, ranks: int) -> float:
     """MiB one rank sends per step on `ranks` ranks, each handing `payload_mib` of table
-    gradients to Horovod (the ring model of hpcdp.recsys.grads)."""
-    from hpcdp.recsys import grads
+    gradients to Horovod (the ring model of hpcdp.runtime.sparse_grads)."""
+    from hpcdp.runtime import sparse_grads as grads
 
     payload = payload_mib * 2**20
     return grads.bytes_sent_per_rank(mode, [payload] * ranks, mlp_bytes) / 2**20
@@ -164,7 +164,7 @@ def mlp_bytes(overrides_: Sequence[str], data: Path) -> int:
 def mlp_bytes_of(dense_features: int, fields: int, embed_dim: int, bottom: Sequence[int],
                  top: Sequence[int]) -> int:
     """Bytes of a DLRM's float32 parameters outside its tables (one-row tables built)."""
-    from hpcdp.recsys.model import DLRM, split_params
+    from hpcdp.models.dlrm import DLRM, split_params
 
     _, rest = split_params(DLRM(dense_features, [1] * fields, embed_dim, bottom, top))
     return 4 * sum(p.numel() for _, p in rest)

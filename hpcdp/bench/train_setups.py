@@ -85,7 +85,7 @@ def prep_commands(key: str, out: Path, args: argparse.Namespace,
                  "--val-samples", "256", "--shape", "3,32,32", "--dtype", "uint8",
                  "--classes", "10", "--out", str(out)]]
     if key == "gpt":  # the tiny GPT's demo corpus (tokens; sizes in docs/lm.md)
-        return [[py, "-m", "hpcdp.data.markov_prep", "--out", str(out)]]
+        return [[py, "-m", "hpcdp.data.tokens.markov_prep", "--out", str(out)]]
     if key.startswith("dlrm_"):
         rows = train_recsys.rows_needed(args.warmup + args.steps, batch, 2)
         return [train_recsys.prep_command(out, key.removeprefix("dlrm_"), rows)]

@@ -36,7 +36,6 @@ import numpy as np
 
 from hpcdp import __version__
 from hpcdp.cliargs import parse_args
-from hpcdp.crash import report_crashes
 from hpcdp.data import sources as src
 from hpcdp.data.prep_run import (
     PrepError,
@@ -48,6 +47,7 @@ from hpcdp.data.prep_run import (
     world,
     write_or_abort,
 )
+from hpcdp.runtime.crash import report_crashes
 
 #: Target chunk size: about 1 MiB of samples (at least one sample).
 CHUNK_BYTES = 1 << 20

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from hpcdp import hvd_settings
+from hpcdp.runtime import hvd_settings
 
 #: Environment variables that mean "started by an MPI launcher".
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
@@ -62,7 +62,7 @@ class SerialComm:
 def world() -> Any:
     """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial.
 
-    hpcdp's runtime settings (threads, MPI yielding: hpcdp.hvd_settings) go into the
+    hpcdp's runtime settings (threads, MPI yielding: hpcdp.runtime.hvd_settings) go into the
     environment first, as in training, since MPI reads them when mpi4py starts it.
     """
     try:

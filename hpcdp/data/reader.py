@@ -79,7 +79,7 @@ class DatasetInfo:
 def open_h5(path: str) -> h5py.File:
     """Open read-only with the library's locking default.
 
-    HDF5_USE_FILE_LOCKING=FALSE (set by `hpcdp.launcher`) turns locking off for
+    HDF5_USE_FILE_LOCKING=FALSE (set by `hpcdp.runtime.launcher`) turns locking off for
     file systems without it; forcing it here would make any other open of the
     same file in this process fail with "file locking flag values don't match".
     """

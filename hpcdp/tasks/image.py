@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcdp.config import Config
-from hpcdp.models import MODELS, build_model
+from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
 
 

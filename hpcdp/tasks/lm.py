@@ -1,4 +1,4 @@
-"""Language modelling: a GPT (hpcdp.gpt) on token windows (hpcdp.data.tokens).
+"""Language modelling: a GPT (hpcdp.models.gpt) on token windows (hpcdp.data.tokens.layout).
 
 Reads `data.train_file` and `data.val_file` as token files: training through the
 TokenReader (shuffled windows of `lm.seq_len` + 1 tokens, equal steps, exact
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from hpcdp import gpt
 from hpcdp.config import Config
+from hpcdp.models import gpt
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for
 
 
@@ -39,7 +39,7 @@ def train_path(cfg: Config) -> Path:
 
 def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
     """The GPT for the training file's vocabulary (read from its attributes)."""
-    from hpcdp.data import tokens as tk
+    from hpcdp.data.tokens import layout as tk
 
     return gpt.GPT(gpt_config(cfg, tk.validate_tokens(train_path(cfg)).vocab_size))
 
@@ -60,7 +60,7 @@ class Validation:
 def readers(cfg: Config, rank: int, size: int, batch: int,
             device: torch.device) -> tuple[Any, Validation]:
     """TokenReaders for both splits; every check (validate_tokens) runs here, on every rank."""
-    from hpcdp.data.token_reader import TokenReader
+    from hpcdp.data.tokens.reader import TokenReader
 
     sha = cfg.lm.tokenizer_sha256 or None
     root = Path(cfg.data.path)
@@ -73,7 +73,7 @@ def readers(cfg: Config, rank: int, size: int, batch: int,
     val = TokenReader(root / cfg.data.val_file, seq_len=cfg.lm.seq_len, batch_size=1,
                       rank=rank, world_size=size, prefetch=0, tokenizer_sha256=sha)
     if val.vocab_size != train.vocab_size:
-        from hpcdp.data.token_reader import TokenReaderError
+        from hpcdp.data.tokens.reader import TokenReaderError
 
         raise TokenReaderError(f"{val.path}: vocabulary {val.vocab_size}, but {train.path} "
                                f"has {train.vocab_size}")

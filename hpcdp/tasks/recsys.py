@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from hpcdp.config import Config
-from hpcdp.data.clicks_check import ClickSchema, check_rows, read_schema
+from hpcdp.data.clicks.check import ClickSchema, check_rows, read_schema
 from hpcdp.data.reader import ReaderError
-from hpcdp.recsys import grads
-from hpcdp.recsys.metrics import auc_logloss
-from hpcdp.recsys.model import DLRM, loss_fn, split_params
+from hpcdp.models.dlrm import DLRM, loss_fn, split_params
+from hpcdp.runtime import sparse_grads as grads
 from hpcdp.tasks import Dataset, Metric, Task, optimizer_for
+from hpcdp.tasks.auc import auc_logloss
 
 
 class ClickModel(DLRM):

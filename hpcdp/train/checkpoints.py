@@ -1,6 +1,6 @@
 """The checkpoint manager: when to save, what goes in, keep-k, and the resume protocol.
 
-The file format (checksummed, atomic) is hpcdp.checkpoint's; the policy is here:
+The file format (checksummed, atomic) is hpcdp.train.checkpoint_files's; the policy is here:
 
 - what a checkpoint holds is built in one place (`CheckpointManager.state`):
   model, optimizers, scaler, reader position, train state, every rank's RNG,
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcdp import checkpoint as ckpt
-from hpcdp import dist, watchdog
-from hpcdp import schedule as sched
 from hpcdp.config import Config
+from hpcdp.runtime import dist, watchdog
+from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import schedule as sched
+from hpcdp.train.numerics import finite
 
 log = logging.getLogger("hpcdp.train")
 
@@ -181,8 +182,6 @@ class CheckpointManager:
         Raises if the file was not written; returns a warning (the file is whole)
         when only the folder's fsync or the pruning failed.
         """
-        from hpcdp.train.step import finite
-
         weights = state["model"]
         if not finite(t for t in weights.values() if t.is_floating_point()):
             raise ckpt.CheckpointError("the model holds NaN/inf values")

@@ -12,9 +12,11 @@ import os
 import sys
 
 from hpcdp import config as cfgmod
-from hpcdp import faults, sweep, tasks
+from hpcdp import tasks
+from hpcdp.cluster import sweep
 from hpcdp.config import Config, ConfigError
-from hpcdp.crash import report_crashes
+from hpcdp.runtime import faults
+from hpcdp.runtime.crash import report_crashes
 
 
 def parse_args(argv: list[str] | None) -> tuple[Config, bool]:
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if print_only:
         print(cfgmod.dumps(cfg))
         return 0
-    from hpcdp import dist
+    from hpcdp.runtime import dist
     from hpcdp.train.loop import train
 
     try:
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except dist.AgreedError as e:
         print(f"hpcdp train: error: {e}", file=sys.stderr, flush=True)
         code = 2
-    from hpcdp import watchdog
+    from hpcdp.runtime import watchdog
 
     watchdog.stop()
     dist.shutdown_and_exit(code)

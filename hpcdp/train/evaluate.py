@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from hpcdp.runtime import dist, watchdog
 from hpcdp.tasks import Metric
+from hpcdp.train.numerics import autocast
 
 
 class MetricSums:
@@ -46,8 +48,6 @@ class MetricSums:
 
     def reduce(self, kind: str) -> dict[str, Any]:
         """Collective: every metric over all ranks, plus "samples"; then start afresh."""
-        from hpcdp import dist
-
         totals = dist.allreduce_sum([*self.sums.tolist(), self.count, self.samples],
                                     name=f"hpcdp.{kind}_metrics")
         count = max(totals[-2], 1.0)
@@ -72,9 +72,6 @@ def evaluate(run: Any) -> dict[str, Any]:
     Ranks may read one batch more or less (hpcdp.data.slices), so nothing in the
     batch loop may be a collective: the sums are reduced once after it.
     """
-    from hpcdp import watchdog
-    from hpcdp.train.step import autocast
-
     watchdog.section("validation")
     run.model.eval()
     sums = MetricSums(run.task.metrics, run.device)

@@ -1,8 +1,8 @@
 """Callbacks around each step, outside the loop body: faults, stop_at_step, traces, watchdog.
 
-`HPCDP_FAULT` faults (hpcdp.faults), `run.stop_at_step` (checkpoint and stop as
+`HPCDP_FAULT` faults (hpcdp.runtime.faults), `run.stop_at_step` (checkpoint and stop as
 if preempted), `log.trace_samples` (every rank writes a fingerprint of each
-sample it trained on) and the stall watchdog's beat (hpcdp.watchdog). The loop
+sample it trained on) and the stall watchdog's beat (hpcdp.runtime.watchdog). The loop
 calls `before_step`, `on_batch` and `stop_reason`; with every option off they
 cost a few attribute lookups.
 """
@@ -16,8 +16,8 @@ from typing import Any, TextIO
 
 import torch
 
-from hpcdp import faults, watchdog
 from hpcdp.config import Config
+from hpcdp.runtime import faults, watchdog
 
 
 def fingerprints(x: torch.Tensor) -> list[str]:

@@ -23,14 +23,15 @@ from typing import Any
 import torch
 
 from hpcdp import config as cfgmod
-from hpcdp import dist, watchdog
 from hpcdp.config import Config
-from hpcdp.metrics import Reporter, StepTimes, rank_spread, setup_logging, spread_text
+from hpcdp.data.staging import collective as staging
+from hpcdp.runtime import dist, watchdog
 from hpcdp.tasks import Task
-from hpcdp.train import setup, staging
+from hpcdp.train import setup
 from hpcdp.train.checkpoints import CheckpointManager, TrainState
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
+from hpcdp.train.reporting import Reporter, StepTimes, rank_spread, setup_logging, spread_text
 from hpcdp.train.step import train_step
 
 log = logging.getLogger("hpcdp.train")
@@ -51,7 +52,7 @@ def train(cfg: Config, task: Task) -> int:
     """One run on this rank; returns the process exit code."""
     preempt = None
     if cfg.preempt.enabled and cfg.preempt.signals:
-        from hpcdp.preempt import Preemption
+        from hpcdp.runtime.preempt import Preemption
 
         preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
     dist.init(cfg.horovod, cfg.run_dir,
@@ -95,7 +96,7 @@ def start(cfg: Config, task: Task) -> setup.Run:
     if crowded and rank == 0:
         log.warning(crowded)
     placed = dist.placement_error(device)  # every rank, also one whose pinning failed
-    error = error or placed                                    # collective: hpcdp.placement
+    error = error or placed                                    # collective: hpcdp.runtime.placement
     read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
     if error is None:
         try:
@@ -118,7 +119,7 @@ def start(cfg: Config, task: Task) -> setup.Run:
 
 def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) -> Reporter:
     """From here on rank 0 writes the run folder: log file, config, metrics."""
-    from hpcdp.models import count_parameters
+    from hpcdp.models.vision import count_parameters
 
     cfg, run_dir = run.cfg, run.cfg.run_dir
     if run.root:
@@ -160,7 +161,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
                 report_window(run, rep, window, sums, state, lr)  # collective: train metrics
                 window = StepTimes()
             t0 = time.perf_counter()
-            out.stop = agree_stop(preempt, hooks, state.step, carrier)  # hpcdp.preempt
+            out.stop = agree_stop(preempt, hooks, state.step, carrier)  # hpcdp.runtime.preempt
             window.comm += time.perf_counter() - t0
             if ckpts.due(state.step, run.total_steps, out.stop is not None):
                 t0 = time.perf_counter()
@@ -180,7 +181,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
 
 def flag_carrier(optimizers: list[Any], size: int) -> Any:
     """The optimizer whose gradient buckets can carry the preemption flag (several ranks
-    and flat buckets, hpcdp.grad_buckets), else None."""
+    and flat buckets, hpcdp.runtime.grad_buckets), else None."""
     if size == 1:
         return None
     return next((opt for opt in optimizers if hasattr(opt, "carry_max")), None)
@@ -199,7 +200,7 @@ def agree_stop(preempt: Any, hooks: Hooks, step: int, carrier: Any = None) -> st
         start_max = carrier.carry_max
     else:
         def start_max(v: int) -> Any:
-            return dist.start_allreduce_max_int(v, "hpcdp.preempt")
+            return dist.start_allreduce_max_int(v, "hpcdp.runtime.preempt")
     if preempt is not None and preempt.agreed_lagged(step, start_max):
         return "preempted"
     return hooks.stop_reason(step)
@@ -259,10 +260,10 @@ def report_stop(run: setup.Run, ckpts: CheckpointManager, state: TrainState, rea
                 rep: Reporter) -> int:
     """Collective: preempted or stopped, the checkpoint is written; requeue the Slurm job.
 
-    Rank 0 decides (hpcdp.preempt.after_stop) and every rank returns its exit status:
+    Rank 0 decides (hpcdp.runtime.preempt.after_stop) and every rank returns its exit status:
     0 only when training can go on (requeued, or nothing to requeue outside Slurm).
     """
-    from hpcdp.preempt import after_stop
+    from hpcdp.runtime.preempt import after_stop
 
     p = run.cfg.preempt
     note, code = after_stop(reason, run.root, p.requeue, p.max_requeues, os.environ,

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcdp import schedule as sched
 from hpcdp.config import Config, ConfigError
-from hpcdp.grad_buckets import bucketed
-from hpcdp.hvd_settings import CPU_BUCKET_BYTES
+from hpcdp.runtime.grad_buckets import bucketed
+from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 from hpcdp.tasks import Dataset, Task
+from hpcdp.train import schedule as sched
 
 log = logging.getLogger("hpcdp.train")
 
@@ -48,7 +48,7 @@ class Run:
     steps_per_epoch: int
     total_steps: int
     # {node: {"train": path, "val": path}} the readers opened, for the summary;
-    # data.stage_dir makes them node-local copies (hpcdp.train.staging)
+    # data.stage_dir makes them node-local copies (hpcdp.data.staging.collective)
     data_paths_read: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
@@ -193,8 +193,8 @@ def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
     torch.manual_seed(cfg.run.seed)
     net = task.build_model(cfg, sample_shape)
     if cfg.model.sync_bn and device.type == "cuda":
-        from hpcdp import dist
-        from hpcdp.models import convert_sync_batchnorm
+        from hpcdp.models.vision import convert_sync_batchnorm
+        from hpcdp.runtime import dist
 
         net = convert_sync_batchnorm(net, dist.sync_batchnorm_class())
     return net.to(device)
@@ -205,7 +205,7 @@ def bucket_bytes(cfg: Config, device: torch.device) -> int:
     hc = cfg.horovod
     if hc.op == "adasum" or hc.compression != "none" or hc.bucket_mb == 0:
         return 0
-    if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.grad_buckets)
+    if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.runtime.grad_buckets)
         return 0 if device.type == "cuda" else CPU_BUCKET_BYTES
     return max(1, int(hc.bucket_mb * (1 << 20)))
 
@@ -220,7 +220,7 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     Both wrappers build a new optimizer over the same parameter groups: use only
     the wrapper from here on. On one rank `base` itself is returned (see `train.step`).
     """
-    from hpcdp import dist
+    from hpcdp.runtime import dist
 
     if size == 1:  # nothing to average: no hooks, copies or synchronize() per step
         return base

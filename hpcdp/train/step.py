@@ -1,6 +1,6 @@
 """One optimizer step: forward, loss, backward over the accumulated batches, the update.
 
-Also where the NaN policy lives (`run.on_nan`) and the mixed-precision context.
+Also where the NaN policy (`run.on_nan`) is applied.
 No collective of its own: the gradient all-reduces run inside the optimizer
 wrappers (hooks during backward, then `synchronize()`).
 """
@@ -8,31 +8,22 @@ wrappers (hooks during backward, then `synchronize()`).
 from __future__ import annotations
 
 import logging
-import math
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 
-from hpcdp import faults, watchdog
-from hpcdp import schedule as sched
-from hpcdp.config import Config
+from hpcdp.runtime import faults, watchdog
+from hpcdp.train import schedule as sched
 from hpcdp.train.evaluate import MetricSums
+from hpcdp.train.numerics import autocast, finite, nonfinite, parameters
 from hpcdp.train.setup import Run
 
 log = logging.getLogger("hpcdp.train")
 
 OnBatch = Callable[[Any, int], None]
-
-
-def autocast(cfg: Config, device: torch.device) -> Any:
-    if cfg.run.precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if cfg.run.precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def forward_backward(run: Run, inputs: Any, targets: Any, sums: MetricSums, nan: bool) -> None:
@@ -140,39 +131,3 @@ def clip(run: Run, max_norm: float) -> torch.Tensor:
             run.scaler.unscale_(opt)
     params = [p for p in parameters(run.model) if p.grad is not None]
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
-
-
-_PARAMETERS: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Parameter]] = (
-    weakref.WeakKeyDictionary())
-
-
-def parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The model's parameters, listed once: walking the model's modules for them on
-    every step is Python work that shows in a small model's step."""
-    found = _PARAMETERS.get(model)
-    if found is None:
-        found = _PARAMETERS[model] = list(model.parameters())
-    return found
-
-
-def finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every value is finite: one sum per tensor, one device sync for all.
-
-    NaN and inf survive a sum (inf - inf is NaN), so a finite total means finite
-    values. A sum can also overflow, but only for values around 1e32 and up, as
-    fatal to training as inf. Every tensor is summed in fp32: per step this is
-    far cheaper than isfinite() on every value.
-    """
-    sums = [t.sum(dtype=torch.float32) for t in tensors]
-    return math.isfinite(torch.stack(sums).sum().item()) if sums else True
-
-
-def nonfinite(step: int, cfg: Config, what: str, can_skip: bool) -> Exception:
-    """The error every rank raises together when training produced NaN/inf (no save)."""
-    from hpcdp.dist import AgreedError
-
-    hint = " or set run.on_nan=skip to skip such updates" if can_skip else ""
-    return AgreedError(
-        f"step {step}: non-finite (NaN/inf) {what}; stopping without writing a checkpoint "
-        f"(run.on_nan={cfg.run.on_nan!r}). The checkpoints in {cfg.checkpoint_dir} are "
-        f"untouched: rerun to resume from the newest{hint}")

@@ -14,7 +14,7 @@ import pytest
 
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench import main as bench_main
-from hpcdp.hvd_settings import CPU_BUCKET_BYTES
+from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 
 pytestmark = pytest.mark.parallel
 
@@ -73,7 +73,7 @@ def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     assert data["configs"]["gloo-fusion-on"]["launcher"] == "horovodrun-gloo"
     assert {run: len(v) for run, v in data["speedup_per_pair"].items()} == {
         "mpirun": 1, "horovodrun-gloo": 1}  # one launch pair each
-    # The buckets rows ran through hpcdp.grad_buckets (whose worker checks the mean).
+    # The buckets rows ran through hpcdp.runtime.grad_buckets (whose worker checks the mean).
     assert data["configs"]["buckets"]["bucket_bytes"] == CPU_BUCKET_BYTES
     assert data["configs"]["fusion-on"]["bucket_bytes"] == 0
     assert set(data["speedup_buckets"]) == {"mpirun", "horovodrun-gloo"}

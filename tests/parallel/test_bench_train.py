@@ -98,7 +98,7 @@ def test_step_overhead_in_one_process(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from hpcdp.launcher import rank_environment
+    from hpcdp.runtime.launcher import rank_environment
 
     data = tmp_path / "digits"
     prep = subprocess.run([sys.executable, "-m", "hpcdp.data.prep", "digits", "--out", str(data)],

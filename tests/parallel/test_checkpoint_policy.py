@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import checkpoint as ck
+from hpcdp.train import checkpoint_files as ck
 
 pytestmark = pytest.mark.parallel
 

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.launcher import rank_environment
+from hpcdp.runtime.launcher import rank_environment
 
 pytestmark = pytest.mark.parallel
 

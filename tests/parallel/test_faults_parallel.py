@@ -1,6 +1,6 @@
 """Faults under real launchers: no hang, a clear message, nothing lost, rerun resumes.
 
-Faults are armed with HPCDP_FAULT (see hpcdp/faults.py). Each faulty run must end
+Faults are armed with HPCDP_FAULT (see hpcdp/runtime/faults.py). Each faulty run must end
 non-zero within 60 s; the same command rerun without the fault must resume from
 the last good checkpoint and finish. Tiny data and model keep each run to seconds.
 Related tests elsewhere: tests/parallel/test_train.py (a rank's exception via a
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
-from hpcdp.launcher import RankRun
+from hpcdp.runtime.launcher import RankRun
+from hpcdp.train import checkpoint_files as ck
 
 pytestmark = pytest.mark.parallel
 
@@ -155,7 +155,7 @@ def small_disk(request: pytest.FixtureRequest, tmp_path: Path):
     tmpfs: a real 512 KiB file system, mode 0700 (needs root; skipped otherwise; a
     tmpfs root is 1777 by default, which resume refuses: docs/checkpoints.md). hook: any
     folder, with HPCDP_FAULT_DISK_BYTES making the checkpoint write fail with
-    ENOSPC at the same size (hpcdp.checkpoint), so the path is tested everywhere.
+    ENOSPC at the same size (hpcdp.train.checkpoint_files), so the path is tested everywhere.
     """
     mnt = tmp_path / "small"
     mnt.mkdir()

@@ -16,9 +16,9 @@ import h5py
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
-from hpcdp.data import markov as mk
-from hpcdp.data import tokens as tk
+from hpcdp.data.tokens import layout as tk
+from hpcdp.data.tokens import markov as mk
+from hpcdp.train import checkpoint_files as ck
 
 pytestmark = pytest.mark.parallel
 

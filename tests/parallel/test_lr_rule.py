@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.launcher import run_ranks
+from hpcdp.runtime.launcher import run_ranks
 
 pytestmark = pytest.mark.parallel
 

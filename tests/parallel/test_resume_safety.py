@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
+from hpcdp.train import checkpoint_files as ck
 
 pytestmark = pytest.mark.parallel
 

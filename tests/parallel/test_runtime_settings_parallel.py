@@ -1,6 +1,6 @@
 """hpcdp's runtime settings under the README's plain launch commands, nothing exported.
 
-The training applies threads and MPI yielding itself (hpcdp.dist.init, before
+The training applies threads and MPI yielding itself (hpcdp.runtime.dist.init, before
 hvd.init); each rank's identity line says what it runs with: torch's own thread
 count, the yielding that reached MPI, and why.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import hvd_settings
-from hpcdp.cpus import probe
-from hpcdp.launcher import run_ranks
+from hpcdp.runtime import hvd_settings
+from hpcdp.runtime.cpus import probe
+from hpcdp.runtime.launcher import run_ranks
 
 pytestmark = pytest.mark.parallel
 

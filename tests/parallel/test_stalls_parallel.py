@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.metrics import read_jsonl
-from hpcdp.stall import PREFIX
+from hpcdp.runtime.stall import PREFIX
+from hpcdp.train.reporting import read_jsonl
 
 pytestmark = pytest.mark.parallel
 

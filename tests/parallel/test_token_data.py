@@ -11,9 +11,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import markov_prep, text_prep
-from hpcdp.data import tokens as tk
-from hpcdp.data.token_reader import TokenReader
+from hpcdp.data.tokens import layout as tk
+from hpcdp.data.tokens import markov_prep, text_prep
+from hpcdp.data.tokens.reader import TokenReader
 
 pytestmark = pytest.mark.parallel
 

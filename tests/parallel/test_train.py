@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
-from hpcdp.launcher import rank_environment
+from hpcdp.runtime.launcher import rank_environment
+from hpcdp.train import checkpoint_files as ck
 
 pytestmark = pytest.mark.parallel
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hpcdp import checkpoint as ckpt
+from hpcdp.train import checkpoint_files as ckpt
 
 pytestmark = pytest.mark.slurm
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from hpcdp import checkpoint as ckpt
-from hpcdp.preempt import EXIT_REQUEUE, EXIT_STOPPED
+from hpcdp.runtime.preempt import EXIT_REQUEUE, EXIT_STOPPED
+from hpcdp.train import checkpoint_files as ckpt
 
 pytestmark = pytest.mark.slurm
 

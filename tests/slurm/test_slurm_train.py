@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from hpcdp import checkpoint as ckpt
+from hpcdp.train import checkpoint_files as ckpt
 
 pytestmark = pytest.mark.slurm
 
@@ -134,7 +134,7 @@ def test_submit_one_node_two_gpus(slurm_cluster: Cluster, data: Path, tmp_path: 
     job.wait(timeout=240)
     ranks = sorted(job.rank_lines(), key=lambda r: r["rank"])
     assert [r["local_rank"] for r in ranks] == [0, 1], job.describe()
-    # Both see the node's two GPUs; each takes its own (hpcdp.placement.choose_gpu).
+    # Both see the node's two GPUs; each takes its own (hpcdp.runtime.placement.choose_gpu).
     assert [r["cuda_visible_devices"] for r in ranks] == ["0,1", "0,1"], job.describe()
     assert [r["gpu"] for r in ranks] == ["0", "1"], job.describe()
     assert len({r["slurm_node"] for r in ranks}) == 1

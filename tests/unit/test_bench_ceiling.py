@@ -55,7 +55,7 @@ def test_ceiling_processes_get_the_rule_for_all_of_them() -> None:
 
 
 def test_the_ceiling_binds_each_process_as_a_rank_would_be() -> None:
-    from hpcdp.cpus import CpuView
+    from hpcdp.runtime.cpus import CpuView
 
     whole = CpuView(frozenset(range(8)), frozenset(range(8)))
     assert ceiling.ceiling_cpus(2, whole) == [frozenset(range(4)), frozenset(range(4, 8))]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from hpcdp import hvd_settings
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench.common import RunConfig
-from hpcdp.hvd_settings import CPU_BUCKET_BYTES
+from hpcdp.runtime import hvd_settings
+from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
-from hpcdp.models import build_model
+from hpcdp.models.vision import build_model
+from hpcdp.train import checkpoint_files as ck
 
 
 def state(step: int, model_name: str = "digits_cnn") -> dict:

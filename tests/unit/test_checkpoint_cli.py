@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
+from hpcdp.train import checkpoint_files as ck
 
 
 def legacy_file(path: Path, state: dict) -> Path:

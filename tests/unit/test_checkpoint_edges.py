@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
+from hpcdp.train import checkpoint_files as ck
 
 
 def test_data_is_on_disk_before_the_rename_and_the_folder_after(

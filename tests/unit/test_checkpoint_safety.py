@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp import checkpoint as ck
-from hpcdp.models import build_model
+from hpcdp.models.vision import build_model
+from hpcdp.train import checkpoint_files as ck
 
 
 class Planted:

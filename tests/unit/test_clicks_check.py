@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import clicks_check as cc
-from hpcdp.data import clicks_prep
+from hpcdp.data.clicks import check as cc
+from hpcdp.data.clicks import prep as clicks_prep
 from hpcdp.data.reader import ReaderError
 
 ARGS = ["--rows", "3000", "--val-rows", "0", "--users", "50", "--items", "40",

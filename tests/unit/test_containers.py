@@ -23,10 +23,10 @@ import pytest
 from test_sbatch_launch import SCONTROL
 from test_slurm_render import GOLDEN, check_golden
 
-from hpcdp import containers, slurm
-from hpcdp.containers import Container, ContainerError
-from hpcdp.preempt import EXIT_REQUEUE
-from hpcdp.slurm import RenderError, render
+from hpcdp.cluster import cli, containers
+from hpcdp.cluster.containers import Container, ContainerError
+from hpcdp.cluster.render import RenderError, render
+from hpcdp.runtime.preempt import EXIT_REQUEUE
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
 
@@ -236,16 +236,16 @@ def test_cli_container_options(capsys: pytest.CaptureFixture[str],
             "--container-image", "/images/hpcdp.sif", "--container-mounts", "/scratch",
             "--container-mounts", "/data:/data:ro", "--container-options=--cleanenv",
             "--env", "FI_PROVIDER=cxi", "--config", "my.toml"]
-    assert slurm.main(argv) == 0
+    assert cli.main(argv) == 0
     assert capsys.readouterr().out == render(**CASES["apptainer"])
     argv = ["render", "--nodes", "2", "--gpus-per-node", "8", "--srun-options=--cpu-bind=cores",
             "--container-runtime", "pyxis", "--container-image",
             "nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts", "/scratch:/scratch",
             "--container-options=--container-workdir=/scratch/run",
             "--container-options=--no-container-mount-home"]
-    assert slurm.main(argv) == 0
+    assert cli.main(argv) == 0
     assert capsys.readouterr().out == render(**CASES["pyxis"])
-    assert slurm.main(["render", "--container-image", "x.sif"]) == 2
+    assert cli.main(["render", "--container-image", "x.sif"]) == 2
     assert "container.runtime must be one of" in capsys.readouterr().err
 
 
@@ -253,11 +253,11 @@ def test_site_container_and_the_command_lines_runtime(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     site = tmp_path / "box.toml"
     site.write_text('[container]\nruntime = "apptainer"\nimage = "a.sif"\nmounts = ["/s"]\n')
-    assert slurm.main(["render", "--site", str(site), "--container-mounts", "/t"]) == 0
+    assert cli.main(["render", "--site", str(site), "--container-mounts", "/t"]) == 0
     assert "launch_prefix=(apptainer exec --nv --bind /s,/t a.sif)" in capsys.readouterr().out
-    assert slurm.main(["render", "--site", str(site), "--container-runtime", "none"]) == 0
+    assert cli.main(["render", "--site", str(site), "--container-runtime", "none"]) == 0
     assert "launch_prefix=()" in capsys.readouterr().out
-    assert slurm.main(["render", "--site", "none", "--container-runtime", "none"]) == 0
+    assert cli.main(["render", "--site", "none", "--container-runtime", "none"]) == 0
     assert "launch_prefix=()" in capsys.readouterr().out
 
 

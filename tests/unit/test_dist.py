@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.dist import AgreedError, choose_device, horovod_env
+from hpcdp.runtime.dist import AgreedError, choose_device, horovod_env
 
 
 def test_cpu_when_no_cuda() -> None:
@@ -54,7 +54,7 @@ def test_horovod_env() -> None:
 
 
 def test_wake_text_and_patch_detection(tmp_path: Path) -> None:
-    from hpcdp import hvd_settings
+    from hpcdp.runtime import hvd_settings
 
     patched, plain = tmp_path / "patched.so", tmp_path / "plain.so"
     patched.write_bytes(b"\0" * 4096 + b"HOROVOD_WAKE_ON_ENQUEUE\0" + b"\0" * 10)
@@ -77,7 +77,7 @@ def test_wake_text_and_patch_detection(tmp_path: Path) -> None:
 
 
 def test_the_cycle_is_long_only_where_an_enqueue_wakes_horovod() -> None:
-    from hpcdp import hvd_settings
+    from hpcdp.runtime import hvd_settings
 
     on = {"HOROVOD_WAKE_ON_ENQUEUE": "1"}
     assert hvd_settings.cycle_env(on, patched=True) == {"HOROVOD_CYCLE_TIME": "50"}
@@ -94,8 +94,8 @@ def test_the_cycle_is_long_only_where_an_enqueue_wakes_horovod() -> None:
 
 
 def test_an_oversubscribed_rank_is_told(monkeypatch) -> None:
-    from hpcdp import dist
-    from hpcdp.hvd_settings import RuntimePlan
+    from hpcdp.runtime import dist
+    from hpcdp.runtime.hvd_settings import RuntimePlan
 
     crowded = RuntimePlan(threads=2, threads_why="OMP_NUM_THREADS exported", yield_idle=True,
                           yield_why="", cpus=2.0, sharers=2, local_ranks=2)

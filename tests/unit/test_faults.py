@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hpcdp import faults
-from hpcdp.faults import Fault, FaultError, parse
+from hpcdp.runtime import faults
+from hpcdp.runtime.faults import Fault, FaultError, parse
 
 
 def test_parse_several() -> None:

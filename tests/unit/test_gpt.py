@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcdp import gpt
+from hpcdp.models import gpt
 
 TINY = gpt.GPTConfig(vocab_size=50, seq_len=16, layers=2, heads=2, width=16)
 

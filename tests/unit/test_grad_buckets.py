@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcdp.config import Config
-from hpcdp.grad_buckets import plan
+from hpcdp.runtime.grad_buckets import plan
 from hpcdp.train.setup import bucket_bytes
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import jobstatus, slurm
-from hpcdp.jobstatus import StatusError
+from hpcdp.cluster import cli, jobstatus
+from hpcdp.cluster.jobstatus import StatusError
 
 DATA = Path(__file__).resolve().parent / "sacct"
 
@@ -101,13 +101,13 @@ def test_status_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                         capsys: pytest.CaptureFixture[str]) -> None:
     standins(tmp_path, monkeypatch, f'echo "$@" > {tmp_path}/argv; cat {DATA}/requeued.txt',
              "exit 1")
-    assert slurm.main(["status", "2"]) == 0
+    assert cli.main(["status", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("job 2 (chain-train): COMPLETED, 1 restart(s)\n")
     argv = (tmp_path / "argv").read_text().split()
     assert argv == ["--jobs", "2", "--duplicates", "--parsable2",
                     "--format=JobID,JobName,State,Elapsed,MaxRSS,ExitCode,NodeList"]
-    assert slurm.main(["status", "2;x"]) == 2
+    assert cli.main(["status", "2;x"]) == 2
     assert "is not a job id" in capsys.readouterr().err
 
 
@@ -115,15 +115,15 @@ def test_status_without_accounting(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                    capsys: pytest.CaptureFixture[str]) -> None:
     standins(tmp_path, monkeypatch, f"cat {DATA}/disabled.stderr >&2; exit 1",
              f"cat {DATA}/scontrol-requeued.txt")
-    assert slurm.main(["status", "2"]) == 0
+    assert cli.main(["status", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Slurm accounting is off on this cluster")
     assert "What slurmctld still holds" in out and "chain-train" in out
     standins(tmp_path, monkeypatch, f"cat {DATA}/disabled.stderr >&2; exit 1",
              "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")
-    assert slurm.main(["status", "2"]) == 1
+    assert cli.main(["status", "2"]) == 1
     err = capsys.readouterr().err
     assert "accounting is off" in err and "slurmctld no longer holds job 2" in err
     standins(tmp_path, monkeypatch, f"cat {DATA}/unknown.txt", "exit 1")
-    assert slurm.main(["status", "999"]) == 1
+    assert cli.main(["status", "999"]) == 1
     assert "sacct has no record of job 999" in capsys.readouterr().err

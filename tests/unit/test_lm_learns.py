@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp import gpt
-from hpcdp.data import markov as mk
-from hpcdp.data import tokens as tk
-from hpcdp.data.token_reader import TokenReader
+from hpcdp.data.tokens import layout as tk
+from hpcdp.data.tokens import markov as mk
+from hpcdp.data.tokens.reader import TokenReader
+from hpcdp.models import gpt
 
 
 def write_split(path: Path, chain: mk.MarkovChain, split: int, docs: int) -> None:

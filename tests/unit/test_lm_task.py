@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from hpcdp import config as cfgmod
-from hpcdp import gpt, tasks
+from hpcdp import tasks
 from hpcdp.config import ConfigError
-from hpcdp.data import markov as mk
-from hpcdp.data import tokens as tk
-from hpcdp.data.token_reader import TokenReaderError
+from hpcdp.data.tokens import layout as tk
+from hpcdp.data.tokens import markov as mk
+from hpcdp.data.tokens.reader import TokenReaderError
+from hpcdp.models import gpt
 from hpcdp.tasks import lm
 from hpcdp.train.evaluate import MetricSums
 from hpcdp.train.step import clip

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from hpcdp.metrics import Reporter, StepTimes, drop_records_after, read_jsonl
+from hpcdp.train.reporting import Reporter, StepTimes, drop_records_after, read_jsonl
 
 
 def test_active_reporter_writes_jsonl_and_tensorboard(tmp_path: Path) -> None:

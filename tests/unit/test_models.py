@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from hpcdp import models as m
+from hpcdp.models import vision as m
 
 
 def test_digits_cnn_output_and_no_batchnorm() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcdp.doctor import launcher_rank, launcher_world_size
-from hpcdp.placement import (
+from hpcdp.runtime.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,

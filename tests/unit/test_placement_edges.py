@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.placement import (
+from hpcdp.runtime.placement import (
     RankPlacement,
     check_placement,
     device_index_for_local_rank,
@@ -49,7 +49,7 @@ def test_placement_message_in_full() -> None:
 
 
 def test_cpulists_skip_empty_parts() -> None:
-    from hpcdp.cpus import parse_cpu_list
+    from hpcdp.runtime.cpus import parse_cpu_list
 
     assert parse_cpu_list("0-1,,4\n") == {0, 1, 4}
     assert parse_cpu_list("") == set()
@@ -63,7 +63,7 @@ def test_a_malformed_local_cpulist_leaves_that_gpu_unknown(tmp_path: Path) -> No
 
 
 def test_the_nearest_gpu_may_hold_a_single_cpu_and_unknown_ones_hold_none() -> None:
-    from hpcdp.placement import nearest_gpu
+    from hpcdp.runtime.placement import nearest_gpu
 
     assert nearest_gpu({0}, [{0}, {5}]) == 0  # one CPU of the affinity is enough
     assert nearest_gpu({0}, [None, {9}]) is None  # neither GPU's CPUs hold CPU 0

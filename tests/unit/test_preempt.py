@@ -7,7 +7,13 @@ import signal
 
 import pytest
 
-from hpcdp.preempt import Preemption, job_fields, requeue_job, requeue_wanted, signal_number
+from hpcdp.runtime.preempt import (
+    Preemption,
+    job_fields,
+    requeue_job,
+    requeue_wanted,
+    signal_number,
+)
 
 
 def test_signal_names() -> None:
@@ -120,7 +126,7 @@ def test_cancelled_job_is_not_requeued(tmp_path) -> None:
 
 def test_a_stalled_job_is_never_requeued(tmp_path, monkeypatch) -> None:
     """A stall is not a preemption: once the watchdog fired, scontrol is not even asked."""
-    from hpcdp import watchdog
+    from hpcdp.runtime import watchdog
 
     fake = tmp_path / "scontrol"
     log = tmp_path / "calls"

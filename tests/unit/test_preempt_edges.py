@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import watchdog
-from hpcdp.preempt import Preemption, requeue_job, requeue_target, requeue_wanted
+from hpcdp.runtime import watchdog
+from hpcdp.runtime.preempt import Preemption, requeue_job, requeue_target, requeue_wanted
 
 SIGNALS = ("USR1", "TERM", "USR2")
 
@@ -97,7 +97,7 @@ def test_requeue_finds_scontrol_on_the_path(tmp_path: Path,
 
 def test_requeue_without_scontrol_names_both(tmp_path: Path,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="hpcdp.preempt"):
+    with caplog.at_level(logging.WARNING, logger="hpcdp.runtime.preempt"):
         assert requeue_job("5", scontrol=str(tmp_path / "none")) is False
     assert caplog.messages == [f"job 5 not requeued: {tmp_path / 'none'} not found"]
 
@@ -117,7 +117,7 @@ def test_unreadable_job_record_still_requeues(tmp_path: Path) -> None:
 
 def test_cancelled_job_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     exe = fake_scontrol(tmp_path, show="JobId=5 JobState=CANCELLED Reason=None")
-    with caplog.at_level(logging.WARNING, logger="hpcdp.preempt"):
+    with caplog.at_level(logging.WARNING, logger="hpcdp.runtime.preempt"):
         assert requeue_job("5", scontrol=str(exe)) is False
     assert caplog.messages == [
         "job 5 not requeued: job is being cancelled (JobState=CANCELLED Reason=None)"]
@@ -135,7 +135,7 @@ def test_failed_requeue_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixtu
                                   requeue: str, message: str) -> None:
     exe = fake_scontrol(tmp_path, show="JobId=5 JobState=RUNNING", requeue=requeue)
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="hpcdp.preempt"):
+    with caplog.at_level(logging.WARNING, logger="hpcdp.runtime.preempt"):
         assert requeue_job("5", scontrol=str(exe), timeout=1.0) is False
     assert caplog.messages == [f"job 5 not requeued: {message}"]
     assert time.monotonic() - start < 4.5
@@ -145,7 +145,7 @@ def test_a_stalled_job_says_why_it_is_not_requeued(tmp_path: Path, caplog: pytes
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     exe = fake_scontrol(tmp_path, show="JobId=5 JobState=RUNNING")
     monkeypatch.setattr(watchdog, "_stalled", True)
-    with caplog.at_level(logging.WARNING, logger="hpcdp.preempt"):
+    with caplog.at_level(logging.WARNING, logger="hpcdp.runtime.preempt"):
         assert requeue_job("5", scontrol=str(exe)) is False
     assert caplog.messages == ["job 5 not requeued: a stall was reported (see 'hpcdp stall:')"]
 
@@ -154,7 +154,7 @@ def test_a_stalled_job_says_why_it_is_not_requeued(tmp_path: Path, caplog: pytes
 
 
 def test_a_job_submitted_with_no_requeue_is_not_requeued() -> None:
-    from hpcdp.preempt import requeue_wanted
+    from hpcdp.runtime.preempt import requeue_wanted
 
     assert requeue_wanted("JobId=5 JobState=RUNNING Reason=None Requeue=0") == (
         False, "the job was submitted with --no-requeue (Requeue=0)")
@@ -168,7 +168,7 @@ def test_an_array_task_id_without_its_array_id_requeues_the_job() -> None:
 
 
 def test_a_first_run_may_requeue_with_a_cap_of_one() -> None:
-    from hpcdp.preempt import stop_outcome
+    from hpcdp.runtime.preempt import stop_outcome
 
     asked: list[str] = []
 
@@ -183,7 +183,7 @@ def test_a_first_run_may_requeue_with_a_cap_of_one() -> None:
 
 
 def test_try_requeue_outcomes_in_full(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from hpcdp.preempt import try_requeue
+    from hpcdp.runtime.preempt import try_requeue
 
     missing = str(tmp_path / "nowhere" / "scontrol")
     assert try_requeue("5", scontrol=missing) == ("failed", f"{missing} not found")

@@ -201,7 +201,7 @@ def test_file_truncated_under_the_mapping_dies_with_the_stack_named(tmp_path: Pa
     path = make_file(tmp_path / "t.h5", 4000, (3, 8, 8), chunk=100)
     script = textwrap.dedent(f"""
         import os
-        from hpcdp.crash import report_crashes
+        from hpcdp.runtime.crash import report_crashes
         from hpcdp.data.reader import ShardedReader
         report_crashes()
         r = ShardedReader({str(path)!r}, batch_size=64, seed=1)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.data import clicks_prep
-from hpcdp.recsys.learncheck import CheckOptions, run
+from hpcdp.data.clicks import prep as clicks_prep
+from hpcdp.tasks.recsys_check import CheckOptions, run
 
 
 @pytest.fixture

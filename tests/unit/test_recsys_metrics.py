@@ -9,8 +9,8 @@ import pytest
 import torch
 from sklearn.metrics import log_loss, roc_auc_score
 
-from hpcdp.recsys import grads
-from hpcdp.recsys.metrics import auc_logloss
+from hpcdp.runtime import sparse_grads as grads
+from hpcdp.tasks.auc import auc_logloss
 
 
 def test_auc_and_logloss_match_scikit_learn() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcdp.recsys.model import DLRM, loss_fn, make_optimizers, split_params
+from hpcdp.models.dlrm import DLRM, loss_fn, make_optimizers, split_params
 
 SIZES = [7, 5, 30]
 
@@ -75,7 +75,7 @@ def test_loss_is_bce_on_logits_and_bad_options_are_named() -> None:
 
 
 def test_coalesced_table_gradients_hold_one_row_per_distinct_id() -> None:
-    from hpcdp.recsys.grads import coalesce_table_grads, unique_rows
+    from hpcdp.runtime.sparse_grads import coalesce_table_grads, unique_rows
 
     model = DLRM(13, SIZES, embed_dim=4)
     coalesce_table_grads(model)

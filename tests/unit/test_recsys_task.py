@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from hpcdp import config as cfgmod
-from hpcdp import schedule as sched
 from hpcdp import tasks
 from hpcdp.config import ConfigError
-from hpcdp.recsys.metrics import auc_logloss
 from hpcdp.tasks import recsys
+from hpcdp.tasks.auc import auc_logloss
+from hpcdp.train import schedule as sched
 
 
 def config(*overrides: str) -> cfgmod.Config:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import cpus, hvd_settings
-from hpcdp.cpus import CpuView
-from hpcdp.hvd_settings import YIELD_VAR, local_ranks, plan_runtime
+from hpcdp.runtime import cpus, hvd_settings
+from hpcdp.runtime.cpus import CpuView
+from hpcdp.runtime.hvd_settings import YIELD_VAR, local_ranks, plan_runtime
 
 
 def view(mask: range | set[int], pool: range | set[int] | None = None,
@@ -283,7 +283,7 @@ def test_pin_process_reaches_threads_started_before_and_after() -> None:
 
     code = """
 import os, threading, time
-from hpcdp import hvd_settings
+from hpcdp.runtime import hvd_settings
 before = threading.Thread(target=time.sleep, args=(1,)); before.start()
 cpu = min(os.sched_getaffinity(0))
 assert hvd_settings.pin_process(frozenset({cpu}))

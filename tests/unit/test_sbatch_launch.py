@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.preempt import EXIT_REQUEUE
+from hpcdp.runtime.preempt import EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SBATCH = REPO / "slurm" / "train.sbatch"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hpcdp import schedule as s
+from hpcdp.train import schedule as s
 
 
 def test_lr_scale_rules() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcdp import schedule as s
+from hpcdp.train import schedule as s
 
 
 def test_from_epochs_defaults_and_pass_through() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from test_slurm_render import GOLDEN, check_golden
 
-from hpcdp import sites, slurm
-from hpcdp.slurm import render
+from hpcdp.cluster import cli, sites
+from hpcdp.cluster.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "slurm" / "sites"
@@ -218,7 +218,7 @@ def test_cli_site_with_an_explicit_option_on_top(capsys: pytest.CaptureFixture[s
     monkeypatch.delenv("SLURM_CLUSTER_NAME", raising=False)
     argv = ["render", "--site", "infiniband", "--partition", "big", "--modules", "extra/1",
             "--env", "NCCL_IB_HCA=mlx5_2", "--srun-mpi", "pmi2"]
-    assert slurm.main(argv) == 0
+    assert cli.main(argv) == 0
     expected: dict[str, Any] = sites.to_options(sites.load(EXAMPLES / "infiniband.toml"))
     expected.update(partition="big", srun_mpi="pmi2",
                     modules=[*expected["modules"], "extra/1"],
@@ -238,12 +238,12 @@ def test_cli_errors_come_before_sbatch(tmp_path: Path, capsys: pytest.CaptureFix
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     monkeypatch.delenv("HPCDP_SITE", raising=False)
-    assert slurm.main(["submit", "--site", "nowhere"]) == 2
+    assert cli.main(["submit", "--site", "nowhere"]) == 2
     assert "hpcdp slurm submit: unknown site 'nowhere'; known: cray-ex" in capsys.readouterr().err
     bad = write(tmp_path, "bad", '[srun]\nmpii = "pmix"')
-    assert slurm.main(["submit", "--site", str(bad)]) == 2
+    assert cli.main(["submit", "--site", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"site profile {bad}: unknown key 'srun.mpii'; did you mean 'srun.mpi'?" in err
     assert not calls.exists()
-    assert slurm.main(["submit", "--site", "workstation"]) == 0  # the stand-in answers 1
+    assert cli.main(["submit", "--site", "workstation"]) == 0  # the stand-in answers 1
     assert calls.exists() and capsys.readouterr().out == "1\n"

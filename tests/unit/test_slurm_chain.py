@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import slurm
-from hpcdp.preempt import EXIT_REQUEUE
+from hpcdp.cluster import cli
+from hpcdp.runtime.preempt import EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "hpcdp" / "configs" / "digits.toml")
@@ -70,7 +70,7 @@ def calls(standin: Path) -> list[tuple[list[str], str]]:
 
 
 def submit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = slurm.main(["submit", *argv])
+    code = cli.main(["submit", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 

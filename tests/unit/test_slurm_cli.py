@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import slurm
-from hpcdp.slurm import render
+from hpcdp.cluster import cli
+from hpcdp.cluster.render import RenderError, render
 
 
 def fake_sbatch(folder: Path, answer: str = 'echo "4242;main"') -> Path:
@@ -43,7 +43,7 @@ def on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_submit_pipes_the_script_to_sbatch_and_returns_the_job_id(on_path: Path) -> None:
     fake_sbatch(on_path)
     script = render(nodes=2)
-    assert slurm.submit(script, args=["--hold", "--dependency=afterok:7"]) == "4242"
+    assert cli.submit(script, args=["--hold", "--dependency=afterok:7"]) == "4242"
     assert (on_path / "args").read_text().split("\n") == [
         "--parsable", "--hold", "--dependency=afterok:7", ""]
     assert (on_path / "stdin").read_text() == script
@@ -51,27 +51,27 @@ def test_submit_pipes_the_script_to_sbatch_and_returns_the_job_id(on_path: Path)
 
 def test_submit_takes_a_plain_job_id_too(tmp_path: Path) -> None:
     exe = fake_sbatch(tmp_path, answer="echo 17")
-    assert slurm.submit("#!/bin/bash\n", sbatch=str(exe)) == "17"
+    assert cli.submit("#!/bin/bash\n", sbatch=str(exe)) == "17"
 
 
 def test_a_failing_sbatch_is_reported_with_its_message(tmp_path: Path) -> None:
     exe = fake_sbatch(tmp_path, answer='echo "sbatch: error: Invalid account" >&2; exit 1')
     with pytest.raises(RuntimeError) as err:
-        slurm.submit("#!/bin/bash\n", sbatch=str(exe))
+        cli.submit("#!/bin/bash\n", sbatch=str(exe))
     assert str(err.value) == "sbatch failed (exit 1): sbatch: error: Invalid account"
 
 
 def test_a_missing_sbatch_is_named(tmp_path: Path) -> None:
     missing = str(tmp_path / "sbatch")
     with pytest.raises(RuntimeError) as err:
-        slurm.submit("#!/bin/bash\n", sbatch=missing)
+        cli.submit("#!/bin/bash\n", sbatch=missing)
     assert str(err.value) == f"{missing} not found: is Slurm's client installed here?"
 
 
 def test_a_hanging_sbatch_is_reported_not_a_traceback(tmp_path: Path) -> None:
     exe = fake_sbatch(tmp_path, answer="exec sleep 3")  # cut short at 0.5 s
     with pytest.raises(RuntimeError) as err:
-        slurm.submit("#!/bin/bash\n", sbatch=str(exe), timeout=0.5)
+        cli.submit("#!/bin/bash\n", sbatch=str(exe), timeout=0.5)
     assert str(err.value) == (f"{exe} did not answer within 0.5s: is Slurm's controller "
                               "reachable?")
 
@@ -80,7 +80,7 @@ def test_cli_submit_prints_the_job_id_and_saves_what_it_sent(
         on_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_sbatch(on_path)
     saved = on_path / "job.sbatch"
-    assert slurm.main(["submit", "--nodes", "3", "--save", str(saved)]) == 0
+    assert cli.main(["submit", "--nodes", "3", "--save", str(saved)]) == 0
     assert capsys.readouterr().out == "4242\n"
     assert saved.read_text() == (on_path / "stdin").read_text() == render(nodes=3)
 
@@ -88,7 +88,7 @@ def test_cli_submit_prints_the_job_id_and_saves_what_it_sent(
 def test_cli_submit_failure_exits_1_with_sbatchs_message(
         on_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_sbatch(on_path, answer='echo "sbatch: error: no partition" >&2; exit 3')
-    assert slurm.main(["submit"]) == 1
+    assert cli.main(["submit"]) == 1
     out = capsys.readouterr()
     assert out.out == ""
     assert out.err == "hpcdp slurm submit: sbatch failed (exit 3): sbatch: error: no partition\n"
@@ -99,7 +99,7 @@ def test_cli_submit_refuses_to_overwrite_naming_save(
     fake_sbatch(on_path)
     saved = on_path / "job.sbatch"
     saved.write_text("edited by hand\n")
-    assert slurm.main(["submit", "--save", str(saved)]) == 2
+    assert cli.main(["submit", "--save", str(saved)]) == 2
     assert capsys.readouterr().err == (f"hpcdp slurm submit: --save {saved}: already exists; "
                                        "pass --overwrite to replace it\n")
     assert saved.read_text() == "edited by hand\n" and not (on_path / "stdin").exists()
@@ -108,7 +108,7 @@ def test_cli_submit_refuses_to_overwrite_naming_save(
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
 def test_cli_write_failure_exits_2_naming_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     # /proc/self is a folder, but no file can be created in it (even by root).
-    assert slurm.main(["render", "--out", "/proc/self/job.sbatch"]) == 2
+    assert cli.main(["render", "--out", "/proc/self/job.sbatch"]) == 2
     out = capsys.readouterr()
     assert out.out == ""
     assert out.err == ("hpcdp slurm render: --out /proc/self/job.sbatch: "
@@ -118,7 +118,7 @@ def test_cli_write_failure_exits_2_naming_the_file(capsys: pytest.CaptureFixture
 def test_cli_reads_sys_argv_by_default(monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "argv", ["hpcdp-slurm", "render", "--nodes", "2"])
-    assert slurm.main() == 0
+    assert cli.main() == 0
     assert capsys.readouterr().out == render(nodes=2)
 
 
@@ -127,7 +127,7 @@ def test_cli_reads_sys_argv_by_default(monkeypatch: pytest.MonkeyPatch,
 
 def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit) as err:
-        slurm.main(argv)
+        cli.main(argv)
     assert err.value.code == 2
     return capsys.readouterr().err
 
@@ -150,7 +150,7 @@ def help_text(argv: list[str], capsys: pytest.CaptureFixture[str],
     """`--help`'s output with its whitespace runs made single spaces (no wrapping)."""
     monkeypatch.setenv("COLUMNS", "400")
     with pytest.raises(SystemExit) as err:
-        slurm.main(argv)
+        cli.main(argv)
     assert err.value.code == 0
     return " ".join(capsys.readouterr().out.split())
 
@@ -190,7 +190,7 @@ def test_render_help_explains_every_option(capsys: pytest.CaptureFixture[str],
     for line in [*HELP_LINES, "--out OUT write the script here instead of stdout (an existing "
                               "file only with --overwrite)"]:
         assert line in text, line
-    for name, help_ in slurm.HELP.items():
+    for name, help_ in cli.HELP.items():
         assert help_ in text, name
 
 
@@ -206,17 +206,17 @@ def test_submit_help_explains_save(capsys: pytest.CaptureFixture[str],
 
 
 def test_a_backslash_in_an_extra_option_is_refused_naming_it() -> None:
-    with pytest.raises(slurm.RenderError) as err:
+    with pytest.raises(RenderError) as err:
         render(sbatch_options=("--mem=1G", "--comment=a\\b"))
     assert str(err.value) == ("sbatch_options[1] '--comment=a\\\\b' contains a backslash, which "
                               "sbatch would read as an escape; leave it out")
 
 
 def test_bad_signal_and_plugin_messages_in_full() -> None:
-    with pytest.raises(slurm.RenderError) as err:
+    with pytest.raises(RenderError) as err:
         render(signal="HUP")
     assert str(err.value) == "signal 'HUP' is not one of USR1, USR2, TERM"
-    with pytest.raises(slurm.RenderError) as err:
+    with pytest.raises(RenderError) as err:
         render(srun_mpi="pmi x")
     assert str(err.value) == ("srun_mpi 'pmi x' is not an MPI plugin name like pmix "
                               "(see `srun --mpi=list`)")

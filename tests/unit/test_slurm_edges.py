@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from hpcdp import slurm
-from hpcdp.slurm import MANAGED, MAX_SIGNAL_LEAD, RenderError, render, time_seconds
+from hpcdp.cluster import cli, submit
+from hpcdp.cluster import render as slurm
+from hpcdp.cluster.render import MANAGED, MAX_SIGNAL_LEAD, RenderError, render, time_seconds
 
 
 def refused(**options: Any) -> str:
@@ -88,19 +89,19 @@ def test_unknown_options_message_in_full() -> None:
 
 
 def test_cli_env_values_keep_their_equals_signs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert slurm.main(["render", "--env", "A=b=c", "--config", "c.toml"]) == 0
+    assert cli.main(["render", "--env", "A=b=c", "--config", "c.toml"]) == 0
     out = capsys.readouterr().out
     assert "export A=b=c" in out and "train_args=(--config c.toml)" in out
-    assert slurm.main(["render", "--env", "A"]) == 2
+    assert cli.main(["render", "--env", "A"]) == 2
     assert "hpcdp slurm render: --env 'A' is not NAME=VALUE" in capsys.readouterr().err
 
 
 def test_cli_out_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert slurm.main(["render", "--out", ""]) == 2
+    assert cli.main(["render", "--out", ""]) == 2
     assert "--out '': expected a file path" in capsys.readouterr().err
     missing = tmp_path / "no" / "job.sbatch"
-    assert slurm.main(["render", "--out", str(missing)]) == 2
+    assert cli.main(["render", "--out", str(missing)]) == 2
     assert (f"--out {missing}: the folder {str(missing.parent)!r} does not exist"
             in capsys.readouterr().err)
     with pytest.raises(RenderError, match="expected a file path"):
-        slurm.check_target("--out", "a\0b", overwrite=True)
+        submit.check_target("--out", "a\0b", overwrite=True)

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcdp import slurm
-from hpcdp.slurm import RenderError, render_options
+from hpcdp.cluster import cli
+from hpcdp.cluster import render as slurm
+from hpcdp.cluster.render import RenderError, render_options
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, print_blob=True)
 
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> tuple[int, str, str]:
     out, err = StringIO(), StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         try:
-            code = slurm.main(argv)
+            code = cli.main(argv)
         except SystemExit as exc:  # argparse's usage errors
             code = int(exc.code or 0)
     assert "Traceback" not in err.getvalue(), err.getvalue()

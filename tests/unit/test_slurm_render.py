@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from hpcdp import slurm
-from hpcdp.slurm import RenderError, render, render_options, time_seconds
+from hpcdp.cluster import cli
+from hpcdp.cluster import render as slurm
+from hpcdp.cluster.render import RenderError, render, render_options, time_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -225,7 +226,7 @@ def test_cli_options_come_from_the_signature(capsys: pytest.CaptureFixture[str])
             "--venv", "/proj/env with space/.venv", "--srun-mpi", "pmix_v4",
             "--config", "configs/resnet.toml",
             "data.path=/scratch/data sets/cifar", "optim.lr=0.4"]
-    assert slurm.main(argv) == 0
+    assert cli.main(argv) == 0
     assert capsys.readouterr().out == render(**CASES["gpu_multi_node"])
     names = {a.lstrip("-").replace("-", "_") for a in argv if a.startswith("--")}
     names = {n.split("=")[0] for n in names}
@@ -236,16 +237,16 @@ def test_cli_options_come_from_the_signature(capsys: pytest.CaptureFixture[str])
 
 def test_cli_refuses_unknown_and_invalid(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as err:
-        slurm.main(["render", "--gpus", "4"])
+        cli.main(["render", "--gpus", "4"])
     assert err.value.code == 2
-    assert slurm.main(["render", "--nodes", "0"]) == 2
+    assert cli.main(["render", "--nodes", "0"]) == 2
     assert "nodes must be at least 1" in capsys.readouterr().err
 
 
 def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     for action in ("render", "submit"):
         with pytest.raises(SystemExit) as err:
-            slurm.main([action, "--help"])
+            cli.main([action, "--help"])
         assert err.value.code == 0
         text = capsys.readouterr().out
         for name in slurm.option_names():
@@ -256,5 +257,5 @@ def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_cli_writes_out_file(tmp_path: Path) -> None:
     out = tmp_path / "job.sbatch"
-    assert slurm.main(["render", "--nodes", "2", "--out", str(out)]) == 0
+    assert cli.main(["render", "--nodes", "2", "--out", str(out)]) == 0
     assert out.read_text() == render(nodes=2)

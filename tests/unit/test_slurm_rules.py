@@ -11,7 +11,7 @@ import pytest
 
 from hpcdp import config as c
 from hpcdp.config import ConfigError
-from hpcdp.placement import (
+from hpcdp.runtime.placement import (
     PlacementError,
     choose_gpu,
     gpu_cpus,
@@ -19,7 +19,13 @@ from hpcdp.placement import (
     nearest_gpu,
     node_gpu_count,
 )
-from hpcdp.preempt import EXIT_REQUEUE, EXIT_STOPPED, after_stop, requeue_target, stop_outcome
+from hpcdp.runtime.preempt import (
+    EXIT_REQUEUE,
+    EXIT_STOPPED,
+    after_stop,
+    requeue_target,
+    stop_outcome,
+)
 
 ARRAY = {"SLURM_JOB_ID": "41", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "1"}
 

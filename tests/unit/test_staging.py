@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hpcdp import config as cfgmod
-from hpcdp.data import stage_copy
-from hpcdp.data.staging import (
+from hpcdp.data.staging import copy as stage_copy
+from hpcdp.data.staging.plan import (
     HEADROOM_BYTES,
     FileState,
     StageError,

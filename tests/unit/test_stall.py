@@ -6,7 +6,7 @@ import pytest
 
 from hpcdp import config as cfgmod
 from hpcdp.config import ConfigError, HorovodConfig, horovod_stall_error
-from hpcdp.stall import (
+from hpcdp.runtime.stall import (
     CHECKPOINT,
     RECORD_BYTES,
     START,

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from hpcdp import config as cfgmod
-from hpcdp import sweep, tasks
+from hpcdp import tasks
+from hpcdp.cluster import cli, sweep
+from hpcdp.cluster.sweep import SweepError
 from hpcdp.config import ConfigError
-from hpcdp.sweep import SweepError
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "hpcdp" / "configs" / "digits.toml")
@@ -203,22 +204,21 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 def test_collect_command_table_plot_and_errors(tmp_path: Path, monkeypatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from hpcdp import slurm
 
     sweep_dir = finished(tmp_path, [{"optim.lr": 0.1}, {"optim.lr": 0.2}],
                          [{"val_acc": 0.5}, {"val_acc": 0.7}])
     out = tmp_path / "t.csv"
-    assert slurm.main(["collect", str(sweep_dir), "--format", "csv", "--out", str(out)]) == 0
+    assert cli.main(["collect", str(sweep_dir), "--format", "csv", "--out", str(out)]) == 0
     assert out.read_text().splitlines()[2] == "1,0.2,done,0.7"
-    assert slurm.main(["collect", str(sweep_dir), "--plot", str(tmp_path / "p.png"),
+    assert cli.main(["collect", str(sweep_dir), "--plot", str(tmp_path / "p.png"),
                        "--x", "run.seed"]) == 2
     assert "--x 'run.seed' is not a swept key; swept: optim.lr" in capsys.readouterr().err
-    assert slurm.main(["collect", str(sweep_dir), "--plot", str(tmp_path / "p.png")]) == 2
+    assert cli.main(["collect", str(sweep_dir), "--plot", str(tmp_path / "p.png")]) == 2
     assert "--metric 'val_loss' is in no task's summary.json yet; found: val_acc" in \
         capsys.readouterr().err
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
-    assert slurm.main(["collect", str(sweep_dir), "--plot", str(tmp_path / "p.png"),
+    assert cli.main(["collect", str(sweep_dir), "--plot", str(tmp_path / "p.png"),
                        "--metric", "val_acc"]) == 1
     assert "matplotlib is not installed here: no plot" in capsys.readouterr().err
-    assert slurm.main(["collect", str(tmp_path / "none")]) == 2
+    assert cli.main(["collect", str(tmp_path / "none")]) == 2
     assert "sweep file" in capsys.readouterr().err

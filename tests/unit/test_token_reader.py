@@ -15,8 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcdp.data import tokens as tk
-from hpcdp.data.token_reader import TokenReader, TokenReaderError, eval_share, reference_order
+from hpcdp.data.tokens import layout as tk
+from hpcdp.data.tokens.reader import (
+    TokenReader,
+    TokenReaderError,
+    eval_share,
+    reference_order,
+)
 
 
 def make_file(path: Path, num_tokens: int, doc_len: int = 37, chunk: int | None = None) -> Path:

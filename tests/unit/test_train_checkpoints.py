@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import checkpoint as ck
 from hpcdp.config import Config
+from hpcdp.train import checkpoint_files as ck
 from hpcdp.train import checkpoints as cm
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import stall, watchdog
-from hpcdp.stall import PREFIX, Beat, StallRule
+from hpcdp.runtime import stall, watchdog
+from hpcdp.runtime.stall import PREFIX, Beat, StallRule
 
 FIXED = StallRule(timeout_s=0.5, warmup_factor=1.0)
 
@@ -132,8 +132,8 @@ def test_intervals_are_timed_by_kind() -> None:
 BACKSTOP = """
 import ctypes, sys, threading
 from pathlib import Path
-from hpcdp import watchdog
-from hpcdp.stall import StallRule
+from hpcdp.runtime import watchdog
+from hpcdp.runtime.stall import StallRule
 d = watchdog.Watchdog(StallRule(timeout_s=1.0, warmup_factor=1.0), 0, 1, None, lambda: None,
                       backstop_s=1.0).start()
 print("holding the GIL", flush=True)

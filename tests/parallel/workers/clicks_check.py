@@ -10,7 +10,7 @@ import sys
 
 from mpi4py import MPI
 
-from hpcdp.data.clicks_check import validate_click_file
+from hpcdp.data.clicks.check import validate_click_file
 from hpcdp.data.reader import ReaderError
 
 

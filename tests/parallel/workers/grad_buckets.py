@@ -1,7 +1,7 @@
 """Flat gradient buckets average exactly what Horovod's DistributedOptimizer averages.
 
 Each rank trains two copies of one model on its own data, one through
-`hpcdp.grad_buckets.bucketed`, one through `hvd.DistributedOptimizer`, and
+`hpcdp.runtime.grad_buckets.bucketed`, one through `hvd.DistributedOptimizer`, and
 checks after every step that the parameters agree (and are the same on every
 rank). Covers accumulation over backward passes, a parameter no forward pass
 uses (its bucket is reduced by synchronize(), not by a hook: no rank waits),
@@ -18,7 +18,7 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
-from hpcdp.grad_buckets import bucketed
+from hpcdp.runtime.grad_buckets import bucketed
 
 
 class Net(nn.Module):

@@ -17,9 +17,9 @@ import sys
 import horovod.torch as hvd
 import torch
 
-from hpcdp.data import clicks as ck
-from hpcdp.recsys import grads
-from hpcdp.recsys.model import DLRM, loss_fn, make_optimizers
+from hpcdp.data.clicks import synth as ck
+from hpcdp.models.dlrm import DLRM, loss_fn, make_optimizers
+from hpcdp.runtime import sparse_grads as grads
 
 EMBED = 8
 #: Tables of the test model: the user, the item, a side and a context field (the paths do not

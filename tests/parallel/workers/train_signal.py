@@ -16,7 +16,8 @@ import sys
 
 import horovod.torch as hvd
 
-from hpcdp import checkpoint, train
+from hpcdp import train
+from hpcdp.train import checkpoint_files as checkpoint
 from hpcdp.train import loop
 
 SIGNAL_AT = int(os.environ.get("HPCDP_TEST_SIGNAL_AT", "0"))

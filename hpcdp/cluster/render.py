@@ -1,0 +1,546 @@
+"""Slurm batch scripts for hpcdp training, rendered by a pure function of their options.
+
+`render(**options)` turns an allocation request into a batch script. Its
+keyword arguments ARE the options: the command line is built from its
+signature, `render_options` refuses names it does not have, and every invalid
+request raises `RenderError` before a line is produced, so a broken request
+never becomes a broken script. The `#SBATCH` lines come in a fixed order with
+every value shell-quoted, which keeps golden-file tests readable.
+
+`slurm/train.sbatch` is `render()` with the defaults and `slurm/prep.sbatch` is
+`render_prep()`, the two sharing one prologue (unit tests keep the files equal to
+the renderings); the launch section adapts to whatever `sbatch` options it is given.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hpcdp.cluster import containers
+from hpcdp.config import PreemptConfig
+from hpcdp.runtime.preempt import EXIT_REQUEUE
+
+# Signals the time-limit warning may be: USR1 or USR2 (libraries such as NCCL use
+# USR1 themselves), or TERM. The one chosen goes to the ranks' preempt.signals too.
+SIGNALS = ("USR1", "USR2", "TERM")
+# Slurm stores the signal lead time in 16 bits.
+MAX_SIGNAL_LEAD = 65535
+# sbatch options render() manages itself; extra options may not repeat them.
+MANAGED = (
+    "job-name", "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time",
+    "partition", "account", "qos", "constraint", "exclusive", "signal", "requeue",
+    "open-mode", "output",
+)
+# srun options the training script sets itself; srun_options may not repeat them.
+SRUN_MANAGED = ("mpi", "ntasks", "ntasks-per-node", "cpus-per-task", "overcommit",
+                "kill-on-bad-exit")
+_TIME = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)\Z",
+    re.ASCII,  # \d is 0-9 only, and \Z refuses a trailing newline that $ would let through
+)
+_PLUGIN = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*=")
+_OPTION = re.compile(r"^--(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)
+
+
+class RenderError(ValueError):
+    """An allocation request that cannot become a working batch script."""
+
+
+def time_seconds(limit: str) -> int:
+    """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME.match(limit) if isinstance(limit, str) else None
+    if m is None:
+        raise RenderError(
+            f"time {limit!r} is not a Slurm time limit "
+            "(minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+        )
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "h" in g:
+        return (g["h"] * 60 + g["hm"]) * 60 + g["hs"]
+    return g["m"] * 60 + g.get("ms", 0)
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RenderError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise RenderError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise RenderError(f"{name} must be a non-empty string, got {value!r}")
+    if "\n" in value or "\r" in value:
+        raise RenderError(f"{name} must be one line, got {value!r}")
+    return value
+
+
+def _sbatch_value(name: str, value: object) -> str:
+    """A value for an #SBATCH line: one line, no backslash (sbatch reads `\\` as an
+    escape even inside quotes, so the job would get another value than the one shown)."""
+    text = _text(name, value)
+    if "\\" in text:
+        raise RenderError(f"{name} {text!r} contains a backslash, which sbatch would "
+                          "read as an escape; leave it out")
+    return text
+
+
+def _lines(name: str, values: object) -> list[str]:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise RenderError(f"{name} must be a list of strings, got {values!r}")
+    return [_text(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def _sbatch_option(index: int, option: str) -> str:
+    """One extra `--name[=value]` option as an #SBATCH line, its value quoted."""
+    text = _sbatch_value(f"sbatch_options[{index}]", option)
+    m = _OPTION.match(text)
+    if m is None:
+        raise RenderError(
+            f"sbatch_options[{index}] {option!r} is not a long sbatch option like --mem=8G"
+        )
+    name, value = m["name"], m["value"]
+    if name in MANAGED:
+        raise RenderError(
+            f"sbatch_options[{index}] {option!r} repeats an option render() sets itself; "
+            f"use its {name.replace('-', '_')} argument"
+        )
+    return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={_q(value)}"
+
+
+def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None) -> list[str]:
+    """The script's srun_options and launch_prefix arrays: site options and a container.
+
+    Always rendered, empty too, so that a variable of that name in the job's
+    environment never reaches the srun line.
+    """
+    opts = _lines("srun_options", srun_options)
+    for i, option in enumerate(opts):
+        m = _OPTION.match(option)
+        if m is None:
+            raise RenderError(f"srun_options[{i}] {option!r} is not a long srun option "
+                              "like --cpu-bind=cores")
+        if m["name"] in SRUN_MANAGED:
+            hint = "; use srun_mpi" if m["name"] == "mpi" else ""
+            raise RenderError(f"srun_options[{i}] {option!r} repeats an option the script "
+                              f"sets itself ({', '.join(SRUN_MANAGED)}){hint}")
+    try:
+        box = None if container is None else containers.from_mapping(container)
+    except containers.ContainerError as e:
+        raise RenderError(str(e)) from None
+    prefix = box.prefix() if box else []
+    opts += box.srun_options() if box else []
+    return [f"srun_options=({' '.join(map(_q, opts))})",
+            f"launch_prefix=({' '.join(map(_q, prefix))})"]
+
+
+HEADER = """\
+# hpcdp training job. Arguments after the script name go to `python -m hpcdp.train`:
+#   sbatch [sbatch options] THIS_SCRIPT --config FILE key.sub=value ...
+# One rank per GPU (per task on CPU-only nodes or with --gpus-per-task), launched with
+# srun and the site's MPI plugin. Environment (all optional): HPCDP_VENV (venv to
+# activate), HPCDP_SETUP (file to source first: module loads, exports), HPCDP_PYTHON
+# (interpreter, default python3), HPCDP_SRUN_MPI (srun --mpi plugin; default: the
+# site's MpiDefault), HPCDP_SRUN_ARGS (extra srun options). NCCL, HDF5 and Horovod
+# settings below are defaults: exported values win.
+"""
+
+PREP_HEADER = """\
+# hpcdp dataset preparation: every task writes its slab of the same HDF5 files
+# through parallel HDF5 (MPI-IO), launched with srun and the site's MPI plugin.
+#   sbatch --ntasks=4 slurm/prep.sbatch digits --out data/digits        # hpcdp prep ...
+#   sbatch --ntasks=4 slurm/prep.sbatch datasets/digits.py --out data/digits
+# A first argument ending in .py is a recipe script run on every rank; anything
+# else is handed to `hpcdp prep`. Environment (optional): HPCDP_VENV (venv to
+# activate), HPCDP_SETUP (file to source first: module loads, exports),
+# HPCDP_PYTHON (default python3), HPCDP_SRUN_MPI (default: the site's MpiDefault).
+"""
+
+# The part both scripts share: environment, export to the job steps, MPI plugin.
+PROLOGUE = r"""
+# ---- launch: the same for every allocation -------------------------------------------
+log() { echo "[hpcdp.sbatch $(date -u +%H:%M:%S)] $*"; }
+if [[ -n "${HPCDP_SETUP:-}" ]]; then
+  [[ -f "$HPCDP_SETUP" ]] || { log "error: HPCDP_SETUP=$HPCDP_SETUP is not a file"; exit 2; }
+  source "$HPCDP_SETUP"
+fi
+if [[ -n "${HPCDP_VENV:-}" ]]; then
+  [[ -f "$HPCDP_VENV/bin/activate" ]] || {
+    log "error: HPCDP_VENV=$HPCDP_VENV has no bin/activate"; exit 2; }
+  source "$HPCDP_VENV/bin/activate"
+fi
+python="${HPCDP_PYTHON:-python3}"
+# Job steps inherit sbatch's --export (NONE, or names without ALL) unless told
+# otherwise; they get this shell's environment instead: the venv, the exports here.
+export SLURM_EXPORT_ENV=ALL
+# srun's MPI plugin: the site's MpiDefault unless HPCDP_SRUN_MPI names one
+# (`srun --mpi=list` lists them; `hpcdp doctor` says which fits the MPI library).
+mpi=()
+[[ -z "${HPCDP_SRUN_MPI:-}" ]] || mpi=(--mpi="$HPCDP_SRUN_MPI")
+# No file locking: parallel HDF5 on Lustre/GPFS/NFS often has none, and the ranks
+# coordinate through MPI.
+export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
+export PYTHONUNBUFFERED=1
+"""
+
+TRAIN = r"""
+# Layout. With GPUs per task (--gpus-per-task, --ntasks-per-gpu): the job's tasks,
+# Slurm gives each its GPU(s). Other GPU jobs: one rank per GPU of each node, which
+# needs the same GPU count on every node. Without GPUs: the job's tasks.
+nodes="${SLURM_JOB_NUM_NODES:-1}"
+# SLURM_GPUS_ON_NODE (Slurm >= 20.11), else --gpus-per-node's value ("4" or "a100:4").
+gpus="${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE##*:}}"
+gpus="${gpus:-0}"
+# Slurm's per-node lists, one value per node: "2(x3),1" -> "2 2 2 1".
+per_node() {
+  local item i items out=()
+  IFS=, read -ra items <<< "$1"
+  for item in "${items[@]}"; do
+    if [[ "$item" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+      for (( i = 0; i < BASH_REMATCH[2]; i++ )); do out+=("${BASH_REMATCH[1]}"); done
+    else
+      out+=("$item")
+    fi
+  done
+  echo "${out[*]}"
+}
+if [[ -n "${SLURM_GPUS_PER_TASK:-}${SLURM_NTASKS_PER_GPU:-}" ]]; then
+  ntasks="${SLURM_NTASKS:-$nodes}"
+  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
+  layout=(--ntasks="$ntasks")
+elif (( gpus > 0 )); then
+  if [[ -n "${SLURM_NTASKS_PER_NODE:-}" && "$SLURM_NTASKS_PER_NODE" != "$gpus" ]]; then
+    log "error: one rank per GPU, but --ntasks-per-node=$SLURM_NTASKS_PER_NODE" \
+        "differs from the $gpus GPUs per node"
+    exit 2
+  fi
+  if (( nodes > 1 )) && [[ -n "${SLURM_GPUS:-}" && -z "${SLURM_GPUS_PER_NODE:-}" ]]; then
+    log "error: --gpus=$SLURM_GPUS over $nodes nodes may give the nodes different GPU" \
+        "counts, and one rank per GPU needs the same count on each: ask for" \
+        "--gpus-per-node, or --gpus-per-task with --ntasks"
+    exit 2
+  fi
+  ntasks=$(( nodes * gpus ))
+  tasks_on=()
+  for (( i = 0; i < nodes; i++ )); do tasks_on+=("$gpus"); done
+  layout=(--ntasks="$ntasks" --ntasks-per-node="$gpus")
+else
+  ntasks="${SLURM_NTASKS:-$(( nodes * ${SLURM_NTASKS_PER_NODE:-1} ))}"
+  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
+  layout=(--ntasks="$ntasks")
+fi
+
+# CPUs per rank: --cpus-per-task if given, else the fewest that any node can give each
+# of its ranks (Slurm's per-node counts). srun needs the number: Slurm >= 22.05 reads
+# SRUN_CPUS_PER_TASK and no longer passes sbatch's --cpus-per-task on.
+read -ra cpus_on <<< "$(per_node "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")"
+cpus_per_task="${SLURM_CPUS_PER_TASK:-}"
+if [[ -z "$cpus_per_task" ]]; then
+  for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
+    share=$(( ${cpus_on[i]:-${cpus_on[0]}} / (tasks_on[i] > 0 ? tasks_on[i] : 1) ))
+    if [[ -z "$cpus_per_task" ]] || (( share < cpus_per_task )); then cpus_per_task=$share; fi
+  done
+  (( cpus_per_task >= 1 )) || cpus_per_task=1
+fi
+overcommit=()
+for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
+  if (( ${cpus_on[i]:-${cpus_on[0]}} < tasks_on[i] * cpus_per_task )); then
+    log "warning: ${cpus_on[i]:-${cpus_on[0]}} CPUs on node $i for ${tasks_on[i]} ranks," \
+        "so ranks share CPUs; ask for --cpus-per-gpu, --cpus-per-task or --exclusive"
+    overcommit=(--overcommit)
+    export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
+    break
+  fi
+done
+export SRUN_CPUS_PER_TASK=$cpus_per_task
+# Threads per rank, each rank's GPU and Horovod's fusion threshold and cycle time are
+# chosen by hpcdp itself, from what the rank was given (its CPU affinity; the GPUs it
+# sees; the Horovod it runs). An exported value (OMP_NUM_THREADS, HOROVOD_*) wins.
+
+# Defaults the user can override by exporting them before sbatch.
+export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+
+read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
+srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
+           --kill-on-bad-exit=1 "${srun_options[@]}" "${srun_extra[@]}")
+# A container wraps the command alone: this shell, which requeues, stays outside.
+command=("${launch_prefix[@]}" "$python" -m hpcdp.train "${train_args[@]}" "$@"
+         "${signal_args[@]}")
+if (( ${#launch_prefix[@]} )) && ! command -v "${launch_prefix[0]}" > /dev/null; then
+  log "error: container runtime ${launch_prefix[0]} not found on" \
+      "${SLURMD_NODENAME:-$HOSTNAME} (load its module in the site profile)"
+  exit 2
+fi
+log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}:" \
+    "$ntasks ranks, $nodes node(s), $gpus GPU(s)/node, $cpus_per_task CPU(s)/rank," \
+    "MPI plugin ${HPCDP_SRUN_MPI:-of the site}"
+log "srun ${srun_args[*]} ${command[*]}"
+
+# srun runs in the background so this shell can pass signals on and outlive the
+# ranks: a batch shell that died early would end the job while rank 0 is still
+# writing its checkpoint. Slurm sends TERM (time limit, scancel, requeue) to the
+# ranks itself, and srun turns a TERM of its own into a kill, so TERM is only logged.
+# The traps come first: a signal that came before them would end this shell.
+srun_pid=
+trap 'log "batch shell got TERM; the ranks get it from Slurm"' TERM
+trap 'log "batch shell got USR1; passing it to the ranks"; pass USR1' USR1
+trap 'log "batch shell got USR2; passing it to the ranks"; pass USR2' USR2
+pass() { [[ -z "$srun_pid" ]] || kill -"$1" "$srun_pid" 2>/dev/null || true; }
+srun "${srun_args[@]}" "${command[@]}" &
+srun_pid=$!
+# Poll, not `wait`: a signal that cuts `wait` short just as srun ends loses srun's
+# status in bash (wait then says 143, or -1). Traps run between the short sleeps.
+while kill -0 "$srun_pid" 2>/dev/null; do sleep 0.5 || true; done
+wait "$srun_pid" && status=0 || status=$?
+log "ranks finished with exit status $status"
+
+# @EXIT_REQUEUE@: the ranks stopped at a checkpoint and want a requeue they could not
+# make (no scontrol inside a container, say). Requeue this job (this array task alone)
+# unless its user is cancelling it; else fail: the training is unfinished.
+if (( status == @EXIT_REQUEUE@ )); then
+  job="${SLURM_JOB_ID:-?}"
+  [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  shown="$(scontrol show job -o "$job" 2>&1)" || shown=""
+  if [[ "$shown" =~ JobState=(COMPLETING|CANCELLED) && ! "$shown" =~ Reason=(TimeLimit|Preempted) ]]
+  then
+    log "job $job is being cancelled: not requeued, the training is unfinished"
+  elif scontrol requeue "$job"; then
+    log "requeued job $job from the batch shell"
+    status=0
+  else
+    log "error: scontrol requeue $job failed: the training is unfinished"
+  fi
+fi
+exit "$status"
+"""
+
+PREP = r"""
+if (( $# == 0 )); then
+  log "error: say what to prepare, e.g. 'digits --out data/digits'" \
+      "or 'datasets/digits.py --out DIR'"
+  exit 2
+fi
+if [[ "$1" == *.py ]]; then
+  [[ -f "$1" ]] || { log "error: recipe $1 not found (relative to $PWD)"; exit 2; }
+  command=("$python" "$@")
+else
+  command=("$python" -m hpcdp prep "$@")
+fi
+# One thread per rank: the work is I/O and copying.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+ntasks="${SLURM_NTASKS:-1}"
+log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-?}: $ntasks ranks: ${command[*]}"
+exec srun "${mpi[@]}" --ntasks="$ntasks" --kill-on-bad-exit=1 "${command[@]}"
+"""
+TRAIN = TRAIN.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
+
+def render(
+    *,
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    ntasks_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    time: str = "01:00:00",
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
+    exclusive: bool = False,
+    job_name: str = "hpcdp-train",
+    output: str = "%x-%j.out",
+    signal: str = "USR1",
+    signal_lead: int = 300,
+    sbatch_options: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    setup: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    venv: str | None = None,
+    srun_mpi: str | None = None,
+    srun_options: Sequence[str] = (),
+    container: Mapping[str, object] | None = None,
+    config: str | None = None,
+    overrides: Sequence[str] = (),
+) -> str:
+    """The batch script for one training allocation.
+
+    nodes, gpus_per_node (0: CPU-only), ntasks_per_node (default: one per GPU,
+    else 1), cpus_per_task, time (Slurm format), partition, account, qos,
+    constraint, exclusive: the allocation. signal and signal_lead (seconds
+    before the time limit) ask Slurm to warn the ranks so they can checkpoint
+    and requeue; a signal the training does not catch by default is added to
+    its preempt.signals. sbatch_options: further `--name=value` options. modules
+    (to `module load`), setup (shell lines), env (exports), venv: the
+    environment. srun_mpi: srun's --mpi plugin (default: the site's MpiDefault).
+    srun_options: more srun options (binding, say). container: settings for
+    hpcdp.cluster.containers (runtime, image, mounts, gpus, options) to run each rank in.
+    config and overrides (`key.sub=value`): the training run; arguments given
+    to sbatch after the script are appended to them.
+    """
+    alloc = _allocation(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
+                        signal, signal_lead, exclusive)
+    lines = ["#!/bin/bash", HEADER.rstrip("\n")]
+    lines += _sbatch_lines(alloc, job_name, output, partition=partition, account=account,
+                           qos=qos, constraint=constraint)
+    lines += [_sbatch_option(i, o) for i, o in enumerate(_lines("sbatch_options", sbatch_options))]
+    lines.append("set -eo pipefail")
+    lines += _environment(modules, setup, env, venv, srun_mpi)
+    lines += _launch(srun_options, container)
+    lines += _training_args(signal, config, overrides)
+    return "\n".join(lines) + "\n" + PROLOGUE + TRAIN
+
+
+@dataclass(frozen=True)
+class _Allocation:
+    """render()'s allocation, checked."""
+
+    nodes: int
+    gpus_per_node: int
+    ntasks_per_node: int | None
+    cpus_per_task: int | None
+    time: str
+    signal: str
+    signal_lead: int
+    exclusive: bool
+
+
+def _allocation(nodes: object, gpus_per_node: object, ntasks_per_node: object,
+                cpus_per_task: object, time: str, signal: str, signal_lead: object,
+                exclusive: object) -> _Allocation:
+    """The allocation's values checked against each other and Slurm's limits."""
+    nodes = _int("nodes", nodes, 1)
+    gpus_per_node = _int("gpus_per_node", gpus_per_node, 0)
+    if ntasks_per_node is not None:
+        ntasks_per_node = _int("ntasks_per_node", ntasks_per_node, 1)
+        if gpus_per_node and ntasks_per_node != gpus_per_node:
+            raise RenderError(
+                f"one rank per GPU: ntasks_per_node ({ntasks_per_node}) must equal "
+                f"gpus_per_node ({gpus_per_node}), or be left out"
+            )
+    if cpus_per_task is not None:
+        cpus_per_task = _int("cpus_per_task", cpus_per_task, 1)
+    limit = time_seconds(time)
+    if limit <= 0:
+        raise RenderError(f"time {time!r} is zero; give the job a positive time limit")
+    if signal not in SIGNALS:
+        raise RenderError(f"signal {signal!r} is not one of {', '.join(SIGNALS)}")
+    signal_lead = _int("signal_lead", signal_lead, 1)
+    if signal_lead > MAX_SIGNAL_LEAD:
+        raise RenderError(f"signal_lead {signal_lead}s exceeds Slurm's {MAX_SIGNAL_LEAD}s")
+    if signal_lead >= limit:
+        raise RenderError(
+            f"signal_lead ({signal_lead}s) must be shorter than the time limit {time!r} ({limit}s)"
+        )
+    if not isinstance(exclusive, bool):
+        raise RenderError(f"exclusive must be true or false, got {exclusive!r}")
+    return _Allocation(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time, signal,
+                       signal_lead, exclusive)
+
+
+def _sbatch_lines(alloc: _Allocation, job_name: str, output: str,
+                  **optional: str | None) -> list[str]:
+    """The #SBATCH lines for the allocation; `optional`: partition, account, qos,
+    constraint, each left out when None."""
+    sb = [
+        f"--job-name={_q(_sbatch_value('job_name', job_name))}",
+        f"--nodes={alloc.nodes}",
+    ]
+    # Left out by default, so that `sbatch --ntasks=N` or `--gpus-per-node=G` decide.
+    if alloc.ntasks_per_node or alloc.gpus_per_node:
+        sb.append(f"--ntasks-per-node={alloc.ntasks_per_node or alloc.gpus_per_node}")
+    if alloc.gpus_per_node:
+        sb.append(f"--gpus-per-node={alloc.gpus_per_node}")
+    if alloc.cpus_per_task is not None:
+        sb.append(f"--cpus-per-task={alloc.cpus_per_task}")
+    if alloc.exclusive:
+        sb.append("--exclusive")
+    sb.append(f"--time={_q(alloc.time)}")
+    for name, value in optional.items():
+        if value is not None:
+            sb.append(f"--{name}={_q(_sbatch_value(name, value))}")
+    sb += [
+        f"--signal={alloc.signal}@{alloc.signal_lead}",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={_q(_sbatch_value('output', output))}",
+    ]
+    return [f"#SBATCH {o}" for o in sb]
+
+
+def _environment(modules: Sequence[str], setup: Sequence[str], env: Mapping[str, str] | None,
+                 venv: str | None, srun_mpi: str | None) -> list[str]:
+    """Shell lines that load modules, run the setup lines, export `env`, and name the
+    venv and srun's MPI plugin for the launch that follows."""
+    body = [f"module load {_q(m)}" for m in _lines("modules", modules)]
+    body += _lines("setup", setup)
+    if env is not None:
+        if not isinstance(env, Mapping):
+            raise RenderError(f"env must be a mapping of names to values, got {env!r}")
+        for name, value in env.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise RenderError(f"env name {name!r} is not a valid shell variable name")
+            body.append(f"export {name}={_q(_text(f'env[{name}]', value))}")
+    if venv is not None:
+        body.append(f"export HPCDP_VENV={_q(_text('venv', venv))}")
+    if srun_mpi is not None:
+        if not isinstance(srun_mpi, str) or not _PLUGIN.match(srun_mpi):
+            raise RenderError(f"srun_mpi {srun_mpi!r} is not an MPI plugin name like pmix "
+                              "(see `srun --mpi=list`)")
+        body.append(f"export HPCDP_SRUN_MPI={srun_mpi}")
+    return body
+
+
+def _training_args(signal: str, config: str | None, overrides: Sequence[str]) -> list[str]:
+    """The shell arrays the launch hands to `hpcdp.train`: the warning signal where the
+    training does not catch it by default, then the config and overrides."""
+    body = []
+    if signal not in PreemptConfig().signals:
+        # After the sbatch arguments, so that none of them is taken for an option value.
+        body.append(_q(f'preempt.signals=["{signal}","TERM"]').join(("signal_args=(", ")")))
+    args: list[str] = []
+    if config is not None:
+        args += ["--config", _text("config", config)]
+    for i, item in enumerate(_lines("overrides", overrides)):
+        if not _OVERRIDE.match(item):
+            raise RenderError(f"overrides[{i}] {item!r} is not of the form key.sub=value")
+        args.append(item)
+    body.append("train_args=(" + " ".join(_q(a) for a in args) + ")")
+    return body
+
+
+def render_prep() -> str:
+    """slurm/prep.sbatch: the dataset preparation job, with the training's prologue."""
+    sb = ["--job-name=hpcdp-prep", "--nodes=1", "--time=00:30:00", "--open-mode=append",
+          "--output=%x-%j.out"]
+    lines = ["#!/bin/bash", PREP_HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb),
+             "set -eo pipefail"]
+    return "\n".join(lines) + "\n" + PROLOGUE + PREP
+
+
+def option_names() -> list[str]:
+    """The options render() accepts, in signature order."""
+    return list(inspect.signature(render).parameters)
+
+
+def render_options(options: Mapping[str, object]) -> str:
+    """render(**options), refusing unknown option names with the list of valid ones."""
+    unknown = sorted(set(options) - set(option_names()))
+    if unknown:
+        raise RenderError(
+            f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(option_names())}"
+        )
+    return render(**options)  # type: ignore[arg-type]
