@@ -9,14 +9,43 @@ entropy; metrics: loss and accuracy, both means over samples.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from hpcdp.config import Config
+from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_empty, not_negative
 from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
+
+
+@dataclass
+class ImageConfig:
+    """The image classification task: its datasets, input scaling and model shape."""
+
+    x_name: str = "x"  # the images' dataset in each HDF5 file
+    y_name: str = "y"  # the integer class labels' dataset
+    scale: float = 255.0  # integer inputs are divided by this
+    mean: float = 0.0  # inputs become (x - mean) / std after scaling
+    std: float = 1.0  # see image.mean
+    num_classes: int = 10  # outputs of the classifier
+    width: int = 0  # 0: the model's default width
+    cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
+
+
+def check(cfg: Config) -> None:
+    c = cfg.image
+    at_least_one({"image.num_classes": c.num_classes})
+    not_negative({"image.width": c.width})
+    if c.scale <= 0 or c.std <= 0:
+        raise ConfigError("image.scale and image.std must be positive")
+    not_empty({"image.x_name": c.x_name, "image.y_name": c.y_name})
+
+
+#: Keys that were the shared sections' before the task had its own.
+MOVED = {**{f"data.{k}": k for k in ("x_name", "y_name", "scale", "mean", "std")},
+         **{f"model.{k}": k for k in ("num_classes", "width", "cifar_stem")}}
 
 
 def datasets(cfg: Config) -> Sequence[Dataset]:
@@ -68,4 +97,5 @@ TASK = Task(
     measure=measure,
     metrics=(Metric("loss", "mean"), Metric("acc", "mean")),
     optimizers=default_optimizers,
+    section=TaskSection("image", ImageConfig, check, moved=MOVED),
 )
