@@ -14,6 +14,7 @@ therefore holds per field and, with the checks, across fields.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from hpcdp.data import partition as pt
+from hpcdp.data.protocol import ReadOptions, read_options
 from hpcdp.data.reader import (
     DatasetInfo,
     ReaderError,
@@ -87,37 +89,33 @@ class FieldReader:
         self,
         path: str | os.PathLike[str],
         fields: Sequence[str],
+        options: ReadOptions | None = None,
         *,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        window_samples: int | None = None,
-        virtual_shards: int | None = None,
-        prefetch: int = 2,
         pin_memory: bool = False,
         mmap: bool | None = None,
+        **read: Any,
     ) -> None:
+        """`options` (or its fields as keywords: batch_size=..., rank=...) say how this
+        rank reads; every field's reader gets them, with one window and shard count."""
+        opts = read_options(options, read)
         path = os.fspath(path)
         self.fields = tuple(fields)
-        if batch_size < 1 or world_size < 1:
+        if opts.batch_size < 1 or opts.world_size < 1:
             raise ReaderError(f"{path}: batch_size and world_size must be at least 1")
-        global_batch = batch_size * world_size
+        global_batch = opts.global_batch
         self.infos = validate_fields(path, self.fields, min_samples=global_batch)
         row_bytes = sum(info.sample_bytes for info in self.infos)
-        window = window_samples or default_window(self.infos[0].block, row_bytes)
+        window = opts.window_samples or default_window(self.infos[0].block, row_bytes)
+        virtual_shards = opts.virtual_shards
         if virtual_shards is None:
             try:
-                virtual_shards = pt.default_virtual_shards(global_batch, world_size)
+                virtual_shards = pt.default_virtual_shards(global_batch, opts.world_size)
             except pt.PartitionError as exc:
                 raise ReaderError(f"{path}: {exc}") from exc
-        self.readers = [
-            ShardedReader(path, batch_size=batch_size, rank=rank, world_size=world_size,
-                          seed=seed, x_name=name, y_name=None, window_samples=window,
-                          virtual_shards=virtual_shards, prefetch=prefetch,
-                          pin_memory=pin_memory, mmap=mmap)
-            for name in self.fields
-        ]
+        each = dataclasses.replace(opts, window_samples=window, virtual_shards=virtual_shards)
+        self.readers = [ShardedReader(path, each, x_name=name, y_name=None,
+                                      pin_memory=pin_memory, mmap=mmap)
+                        for name in self.fields]
         self.path = path
 
     @property
@@ -127,6 +125,7 @@ class FieldReader:
 
     num_samples = _Lead()
     batch_size = _Lead()
+    sample_shape = _Lead()  # the first field's (what the model builder sees, as in training)
     steps_per_epoch = _Lead()
     window = _Lead()
     virtual_shards = _Lead()

@@ -46,6 +46,7 @@ import torch
 from hpcdp.data import partition as pt
 from hpcdp.data.assemble import Assembler, Plan, Recycler, RowMap
 from hpcdp.data.epochs import EpochReader
+from hpcdp.data.protocol import ReadOptions, read_options
 
 #: Target bytes of one HDF5 read when the dataset is not chunked (the block size).
 CONTIGUOUS_BLOCK_BYTES = 1 << 20
@@ -238,30 +239,29 @@ class ShardedReader(EpochReader):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        options: ReadOptions | None = None,
         *,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
         x_name: str = "x",
         y_name: str | None = "y",
-        window_samples: int | None = None,
-        virtual_shards: int | None = None,
-        prefetch: int = 2,
         pin_memory: bool = False,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         mmap: bool | None = None,
+        **read: Any,
     ) -> None:
+        """`options` (or its fields as keywords: batch_size=..., rank=...) say how this
+        rank reads; the rest is this reader's own."""
+        opts = read_options(options, read)
+        batch_size, window_samples, prefetch = opts.batch_size, opts.window_samples, opts.prefetch
         path = _check_arguments(
-            path, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
-            window_samples=window_samples, virtual_shards=virtual_shards, prefetch=prefetch,
-            x_name=x_name, y_name=y_name, mmap=mmap, transform=transform,
+            path, batch_size=batch_size, rank=opts.rank, world_size=opts.world_size,
+            seed=opts.seed, window_samples=window_samples, virtual_shards=opts.virtual_shards,
+            prefetch=prefetch, x_name=x_name, y_name=y_name, mmap=mmap, transform=transform,
         )
         self.path = path
         self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.global_batch = batch_size * world_size
+        self.rank = opts.rank
+        self.world_size = opts.world_size
+        self.global_batch = batch_size * opts.world_size
         self.info = validate_dataset(path, x_name, y_name, min_samples=self.global_batch)
         if self.info.dtype.kind not in "biuf":
             raise ReaderError(f"{path}: dataset {x_name!r} has dtype {self.info.dtype}; "
@@ -271,8 +271,8 @@ class ShardedReader(EpochReader):
         self.transform = transform
         self.mmap = mmap_enabled() if mmap is None else mmap
         self._start_epochs(
-            seed, window_samples or default_window(self.info.block, self.info.sample_bytes),
-            virtual_shards)
+            opts.seed, window_samples or default_window(self.info.block, self.info.sample_bytes),
+            opts.virtual_shards)
         self._file: h5py.File | None = None
         self._dsets: tuple[h5py.Dataset, h5py.Dataset | None] | None = None
         self._pid: int | None = None

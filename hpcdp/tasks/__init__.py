@@ -29,10 +29,11 @@ it. The training package (hpcdp.train) asks the task for:
 Optional:
 
 - `readers(cfg, rank, size, batch, device)`: the task's own (training reader,
-  validation batches) instead of the sharded image readers: the training reader
-  has the ShardedReader's shape (set_epoch, iteration, len, steps_per_epoch,
-  sample_shape, state_dict/load_state_dict); the validation one is iterable
-  afresh for each validation, this rank's share of every sample once;
+  validation batches) instead of the sharded image readers: a
+  `hpcdp.data.protocol.TrainingReader` (set_epoch, iteration, len,
+  steps_per_epoch, state_dict/load_state_dict; `sample_shape` where it has one),
+  built from `read_options(cfg, batch, rank, size)`, and a `ValidationReader`,
+  iterable afresh for each validation, this rank's share of every sample once;
 - `derive(values)`: metrics computed from the reduced ones (perplexity from the
   mean loss: never a mean of per-rank values), for training windows and validation;
 - `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpcdp.config import ConfigError, TaskSection, find_task
+from hpcdp.data.protocol import ReadOptions, TrainingReader, ValidationReader
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +117,8 @@ class Task:
     check_file: Callable[[Config, Path], None] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     section: TaskSection | None = None
-    readers: Callable[[Config, int, int, int, torch.device], tuple[Any, Any]] | None = None
+    readers: Callable[[Config, int, int, int, torch.device],
+                      tuple[TrainingReader, ValidationReader]] | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
                     dict[str, float]] = _no_rates
@@ -133,6 +136,14 @@ def get(name: str) -> Task:
     if not isinstance(task, Task):
         raise ConfigError(f"hpcdp.tasks.{name}.TASK is a {type(task).__name__}, not a Task")
     return task
+
+
+def read_options(cfg: Config, batch: int, rank: int, size: int) -> ReadOptions:
+    """How this rank reads its training share, from [run] and [data] (any task's reader)."""
+    return ReadOptions(batch_size=batch, rank=rank, world_size=size, seed=cfg.run.seed,
+                       window_samples=cfg.data.window_samples or None,
+                       virtual_shards=cfg.data.virtual_shards or None,
+                       prefetch=cfg.data.prefetch)
 
 
 def defaults(name: str) -> Mapping[str, Mapping[str, Any]]:

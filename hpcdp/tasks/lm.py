@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_negative
+from hpcdp.data.protocol import ReadOptions, TrainingReader
 from hpcdp.models import gpt
-from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for
+from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for, read_options
 
 
 @dataclass
@@ -88,20 +89,18 @@ class Validation:
 
 
 def readers(cfg: Config, rank: int, size: int, batch: int,
-            device: torch.device) -> tuple[Any, Validation]:
+            device: torch.device) -> tuple[TrainingReader, Validation]:
     """TokenReaders for both splits; every check (validate_tokens) runs here, on every rank."""
     from hpcdp.data.tokens.reader import TokenReader
 
     sha = cfg.lm.tokenizer_sha256 or None
     root = Path(cfg.data.path)
-    train = TokenReader(
-        root / cfg.data.train_file, seq_len=cfg.lm.seq_len, batch_size=batch, rank=rank,
-        world_size=size, seed=cfg.run.seed, window_samples=cfg.data.window_samples or None,
-        virtual_shards=cfg.data.virtual_shards or None, prefetch=cfg.data.prefetch,
-        tokenizer_sha256=sha)
+    train = TokenReader(root / cfg.data.train_file, read_options(cfg, batch, rank, size),
+                        seq_len=cfg.lm.seq_len, tokenizer_sha256=sha)
     # One window per rank at least (batch 1 here); validation batches are val_batch_size.
-    val = TokenReader(root / cfg.data.val_file, seq_len=cfg.lm.seq_len, batch_size=1,
-                      rank=rank, world_size=size, prefetch=0, tokenizer_sha256=sha)
+    val = TokenReader(root / cfg.data.val_file,
+                      ReadOptions(batch_size=1, rank=rank, world_size=size, prefetch=0),
+                      seq_len=cfg.lm.seq_len, tokenizer_sha256=sha)
     if val.vocab_size != train.vocab_size:
         from hpcdp.data.tokens.reader import TokenReaderError
 

@@ -30,6 +30,7 @@ from hpcdp.runtime import dist, watchdog
 from hpcdp.train import checkpoint_files as ckpt
 from hpcdp.train import schedule as sched
 from hpcdp.train.numerics import finite
+from hpcdp.train.setup import Run, seed_everything
 
 log = logging.getLogger("hpcdp.train")
 
@@ -139,7 +140,7 @@ class CheckpointManager:
     def path(self, step: int) -> Path:
         return ckpt.step_path(self.folder, step)
 
-    def state(self, run: Any, train: TrainState, rngs: list[Any]) -> dict[str, Any]:
+    def state(self, run: Run, train: TrainState, rngs: list[Any]) -> dict[str, Any]:
         """Everything a checkpoint holds: the one place its contents are decided."""
         return {
             "format": FORMAT, "task": run.cfg.task.name, "model_name": run.cfg.model.name,
@@ -156,7 +157,7 @@ class CheckpointManager:
 
     # -- saving -------------------------------------------------------------------------
 
-    def save(self, run: Any, train: TrainState) -> tuple[Path, str | None]:
+    def save(self, run: Run, train: TrainState) -> tuple[Path, str | None]:
         """Collective (every rank's RNG is gathered); rank 0 alone writes the file.
 
         A failed write (a full disk, a quota) stops the run on every rank with an
@@ -218,7 +219,7 @@ class CheckpointManager:
                     notes.append(f"skipping checkpoint: {e}")
         return None, notes
 
-    def choose(self, run: Any) -> dict[str, Any]:
+    def choose(self, run: Run) -> dict[str, Any]:
         """Rank 0 only: what to resume from, as a message every rank can act on."""
         mode = self.cfg.checkpoint.resume
         try:
@@ -241,7 +242,7 @@ class CheckpointManager:
         except (ckpt.CheckpointError, OSError) as e:
             return {"kind": "error", "message": str(e)}
 
-    def check(self, state: dict[str, Any], run: Any, name: str) -> None:
+    def check(self, state: dict[str, Any], run: Run, name: str) -> None:
         """Refuse a checkpoint of another task, model or global batch."""
         task = state.get("task", "image")
         if task != run.cfg.task.name:
@@ -257,7 +258,7 @@ class CheckpointManager:
         if why:
             raise ckpt.CheckpointError(f"{name}: {why}")
 
-    def resume(self, run: Any) -> tuple[TrainState, str | None]:
+    def resume(self, run: Run) -> tuple[TrainState, str | None]:
         """Collective: rank 0 chooses, broadcasts the bytes, every rank loads, all agree."""
         decision = self.choose(run) if self.root else None
         decision = dist.broadcast_object(decision, "hpcdp.resume")
@@ -275,10 +276,8 @@ class CheckpointManager:
         dist.agree(error, "resume")
         return train, decision["path"]
 
-    def load(self, state: dict[str, Any], run: Any) -> TrainState:
+    def load(self, state: dict[str, Any], run: Run) -> TrainState:
         """Restore every part a checkpoint holds on this rank; returns the train state."""
-        from hpcdp.train.setup import seed_everything
-
         run.model.load_state_dict(state["model"])
         saved = state["optimizers"] if "optimizers" in state else [state["optimizer"]]
         if len(saved) != len(run.optimizers):

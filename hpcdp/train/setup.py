@@ -17,16 +17,17 @@ import numpy as np
 import torch
 
 from hpcdp.config import Config, ConfigError
+from hpcdp.data.protocol import TrainingReader, ValidationReader
 from hpcdp.runtime.grad_buckets import bucketed
 from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
-from hpcdp.tasks import Dataset, Task
+from hpcdp.tasks import Dataset, Task, read_options
 from hpcdp.train import schedule as sched
 
 log = logging.getLogger("hpcdp.train")
 
 # Readers live until the process ends (see dist.shutdown_and_exit): h5py's File.close
 # on them crashed intermittently at the end of multi-rank runs.
-_KEEP_OPEN: list[Any] = []
+_KEEP_OPEN: list[TrainingReader | ValidationReader] = []
 
 
 @dataclass
@@ -39,8 +40,8 @@ class Run:
     rank: int
     size: int
     batch: int  # per rank and backward pass
-    train_reader: Any
-    val_reader: Any
+    train_reader: TrainingReader
+    val_reader: ValidationReader
     model: torch.nn.Module
     optimizers: list[Any]  # each averages its gradients over ranks (see `distributed`)
     scaler: Any
@@ -120,20 +121,17 @@ def check_kinds(path: Path, wanted: list[Dataset]) -> None:
 
 
 def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank: int,
-                    size: int, device: torch.device) -> Any:
+                    size: int, device: torch.device) -> TrainingReader:
     """The shuffled reader with equal steps on every rank: one or two datasets (samples,
     labels) through ShardedReader, more through FieldReader (the same order per field)."""
     from hpcdp.data.fields import FieldReader
     from hpcdp.data.reader import ShardedReader
 
-    common = dict(batch_size=batch, rank=rank, world_size=size, seed=cfg.run.seed,
-                  prefetch=cfg.data.prefetch, pin_memory=device.type == "cuda",
-                  window_samples=cfg.data.window_samples or None,
-                  virtual_shards=cfg.data.virtual_shards or None)
+    options, pin = read_options(cfg, batch, rank, size), device.type == "cuda"
     if len(names) > 2:
-        return FieldReader(path, names, **common)
-    return ShardedReader(path, x_name=names[0], y_name=names[1] if len(names) > 1 else None,
-                         **common)
+        return FieldReader(path, names, options, pin_memory=pin)
+    return ShardedReader(path, options, x_name=names[0],
+                         y_name=names[1] if len(names) > 1 else None, pin_memory=pin)
 
 
 def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
@@ -147,7 +145,7 @@ def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
 
 
 def readers(cfg: Config, task: Task, rank: int, size: int,
-            device: torch.device) -> tuple[Any, Any, int]:
+            device: torch.device) -> tuple[TrainingReader, ValidationReader, int]:
     """The training reader (shuffled, equal steps) and the validation reader (every sample)."""
     from hpcdp.data.slices import SliceReader
 
@@ -181,7 +179,7 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     return train_reader, val_reader, batch
 
 
-def check_accumulation(train_reader: Any, train_path: Any, accum: int) -> None:
+def check_accumulation(train_reader: TrainingReader, train_path: Any, accum: int) -> None:
     if train_reader.steps_per_epoch < accum:
         raise ConfigError(f"{train_path}: {train_reader.steps_per_epoch} batches per epoch, "
                           f"fewer than horovod.backward_passes_per_step={accum}")
@@ -275,10 +273,7 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
     """Every part of the run on this rank; raises on bad data or options (no collectives)."""
     check_runtime(cfg, device, size)
     train_reader, val_reader, batch = readers(cfg, task, rank, size, device)
-    # The training reader's sample shape; a multi-field reader has none, its evaluation
-    # reader (one row of every field) does.
-    shape = getattr(train_reader, "sample_shape", None) or val_reader.sample_shape
-    net = model(cfg, task, tuple(shape), device)
+    net = model(cfg, task, tuple(train_reader.sample_shape), device)
     seed_everything(cfg.run.seed + rank)  # per-rank streams for anything random later
     optimizers = [distributed(cfg, opt, net, device, size) for opt in task.optimizers(cfg, net)]
     scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None

@@ -31,6 +31,7 @@ import torch
 
 from hpcdp.data import epochs as ep
 from hpcdp.data import partition as pt
+from hpcdp.data.protocol import ReadOptions, read_options
 from hpcdp.data.tokens import layout as tk
 
 #: Default shuffle window per stream, in bytes of file tokens (rounded to whole blocks).
@@ -123,17 +124,17 @@ class TokenReader(ep.EpochReader):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        options: ReadOptions | None = None,
         *,
         seq_len: int,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        window_samples: int | None = None,
-        virtual_shards: int | None = None,
-        prefetch: int = 2,
         tokenizer_sha256: str | None = None,
+        **read: Any,
     ) -> None:
+        """`options` (or its fields as keywords: batch_size=..., rank=...) say how this
+        rank reads; `seq_len` is S, the tokens of context in a window."""
+        opts = read_options(options, read)
+        batch_size, rank, world_size = opts.batch_size, opts.rank, opts.world_size
+        seed, prefetch = opts.seed, opts.prefetch
         path = os.fspath(path)
         if batch_size < 1:
             raise TokenReaderError(f"{path}: batch_size must be at least 1, got {batch_size}")
@@ -153,8 +154,9 @@ class TokenReader(ep.EpochReader):
         self.block = tk.window_block(self.info.chunk, seq_len)
         self.prefetch = prefetch
         self._start_epochs(
-            seed, window_samples or default_window(self.block, seq_len, self.info.dtype.itemsize),
-            virtual_shards)
+            seed,
+            opts.window_samples or default_window(self.block, seq_len, self.info.dtype.itemsize),
+            opts.virtual_shards)
         self._file: Any = None
         self._pid: int | None = None
 
