@@ -10,6 +10,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpcdp.data.clicks import criteo as cr
 from hpcdp.data.clicks import criteo_prep as cp
@@ -202,3 +204,53 @@ def test_a_file_in_both_splits_and_an_existing_output(tmp_path: Path, capsys) ->
                     "--buckets", "9"]) == 1
     assert f"{out / 'val.h5'} exists; pass --overwrite" in capsys.readouterr().err
     assert (out / "val.h5").read_bytes() == b"precious" and not (out / "train.h5").exists()
+
+
+ODD = ["", "-", "1.5", "+3", " 1", "0x1", "é", "9" * 19, "123456789", "g", "2", "-0"]
+COUNT = st.sampled_from(["", "0", "1", "-1", "12", "007", "9" * 18])
+HEX = st.sampled_from(["", "0", "a", "FF", "deadBEEF", "12345678"])
+
+
+def _line_fields(label: str, counts: list[str], cats: list[str], change: tuple[int, str] | None,
+                 length: int) -> list[str]:
+    """A valid line's fields with at most one field changed to an odd value, and maybe one
+    field too many or too few."""
+    fields = [label, *counts, *cats]
+    if change is not None:
+        fields[change[0]] = change[1]
+    return (fields + ["0"])[:length]
+
+
+LINE_FIELDS = st.builds(_line_fields, st.sampled_from(["0", "1"]),
+                        st.lists(COUNT, min_size=13, max_size=13),
+                        st.lists(HEX, min_size=26, max_size=26),
+                        st.one_of(st.none(), st.tuples(st.integers(0, 39), st.sampled_from(ODD))),
+                        st.sampled_from([40, 40, 40, 39, 41]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(LINE_FIELDS, min_size=1, max_size=8))
+def test_parse_lines_agrees_with_parse_line(rows: list[list[str]]) -> None:
+    """The pattern-and-convert path takes and refuses exactly the lines `parse_line` does, and
+    reads them alike."""
+    lines = ["\t".join(fields).encode() for fields in rows]
+    expected, bad = [], 0
+    for line in lines:
+        try:
+            expected.append(cr.parse_line(line))
+        except cr.CriteoError:
+            bad += 1
+    got = cr.parse_lines(lines, "f", skip_bad=True)
+    assert got.skipped == bad and len(got.label) == len(expected)
+    for i, (label, counts, values) in enumerate(expected):
+        assert (got.label[i], got.counts[i].tolist(), got.values[i].tolist()) == (
+            label, counts, values)
+
+
+def test_parse_lines_reads_what_parse_line_reads() -> None:
+    lines = [row("0", ["", "-1", "5", *["123456789012345678"] * 10],
+                 ["", "68fd1e64", "ABCDEF01", "7", "0", "ffffffff", *["a"] * 20])]
+    got = cr.parse_lines(lines * 3, "f")
+    label, counts, values = cr.parse_line(lines[0])
+    assert got.label.tolist() == [label] * 3 and got.counts[2].tolist() == counts
+    assert got.values[1].tolist() == values
