@@ -55,7 +55,8 @@ Doc = TypeVar("Doc")
 
 @dataclass(frozen=True)
 class Span:
-    """One document: bytes ``[start, stop)`` of file `file`."""
+    """Bytes ``[start, stop)`` of file `file`: one text document or JSON Lines record, or a
+    whole gzipped or Parquet file (its records)."""
 
     file: int
     start: int
@@ -124,7 +125,7 @@ class Corpus:
         self.total = sum(self.sizes)
 
     def spans(self, rank: int, size: int) -> list[Span]:
-        """Rank `rank`'s documents, in corpus order (ranks in order give every document)."""
+        """Rank `rank`'s spans, in corpus order (ranks in order give every document)."""
         owners = file_owner(self.starts, self.total, size)
         lo, hi = byte_range(self.total, rank, size)
         spans: list[Span] = []
