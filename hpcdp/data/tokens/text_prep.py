@@ -1,12 +1,17 @@
-"""`datasets/text.py --out DIR --files GLOB...`: UTF-8 text files -> token files.
+"""`datasets/text.py --out DIR --files GLOB...`: text, JSON Lines or Parquet -> token files.
 
-One document per file, or with ``--lines`` one per non-empty line (the line end
-not included). Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``:
+Text files: one document per file, or with ``--lines`` one per non-empty line
+(the line end not included). JSON Lines (``.jsonl``, ``.jsonl.gz``,
+``.json.gz``) and Parquet (``.parquet``): one document per record, the string
+field ``--field`` (`hpcdp.data.tokens.documents` reads each kind). Runs on one
+process or under ``mpirun`` / ``srun --mpi=pmix``:
 
 1. Every rank lists the same sorted files. Each takes a contiguous share by
-   bytes: whole files (one document each), or with ``--lines`` the lines that
-   start in its byte range of the files laid end to end.
-2. The ranks number their documents with an exclusive prefix sum; document g
+   bytes: the lines (records) of plain JSON Lines files, and with ``--lines``
+   of text files, that start in its byte range of the files laid end to end;
+   every other file whole, read by the rank whose range holds its first byte.
+2. Each rank reads its documents (every record checked); the ranks agree on
+   the first error, then number their documents with an exclusive prefix sum; document g
    goes to validation when ``floor((g+1)f) > floor(g f)`` for ``--val-fraction f``:
    evenly spread, and the same on any number of ranks.
 3. ``--tokenizer bpe``: rank 0 trains a byte-level BPE on the training documents
@@ -14,9 +19,10 @@ not included). Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``:
 4. Each rank tokenizes its documents; all write train.h5 and val.h5
    (`hpcdp.data.tokens.writer`), and tokenizer.json beside them for BPE.
 
-Each rank holds its share's tokens in memory until the write (2 or 4 bytes a
-token): use more ranks for a corpus larger than the ranks' memory. Invalid UTF-8
-is an error naming the file and byte offset; every error is agreed on by all
+Each rank holds its share's documents and tokens in memory until the write:
+use more ranks for a corpus larger than the ranks' memory. Invalid UTF-8 is an
+error naming the file and byte offset (a bad record: file and line, or row
+group and row); every error is agreed on by all
 ranks before any file is written, and no existing output is replaced unless
 ``--overwrite``.
 """
@@ -25,28 +31,32 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import mmap
 import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from hpcdp.data import prep_run
+from hpcdp.data.tokens import documents as dc
 from hpcdp.data.tokens import layout as tk
 from hpcdp.data.tokens import tokenizer as tz
 from hpcdp.data.tokens import writer as tw
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/text.py"
+Doc = TypeVar("Doc")
 
 
 @dataclass(frozen=True)
 class Span:
-    """One document: bytes ``[start, stop)`` of file `file`."""
+    """Bytes ``[start, stop)`` of file `file`: one text document or JSON Lines record, or a
+    whole gzipped or Parquet file (its records)."""
 
     file: int
     start: int
@@ -107,20 +117,23 @@ def line_spans(data: Any, file: int, lo: int, hi: int) -> list[Span]:
 class Corpus:
     """The listed files and this rank's documents in them."""
 
-    def __init__(self, paths: list[str], lines: bool) -> None:
-        self.paths, self.lines = paths, lines
+    def __init__(self, paths: list[str], lines: bool, field: str = "text") -> None:
+        self.paths, self.lines, self.field = paths, lines, field
+        self.kinds = [dc.kind_of(p) for p in paths]
         self.sizes = [os.path.getsize(p) for p in paths]
         self.starts = [int(s) for s in np.cumsum([0, *self.sizes])[:-1]]
         self.total = sum(self.sizes)
 
     def spans(self, rank: int, size: int) -> list[Span]:
-        """Rank `rank`'s documents, in corpus order (ranks in order give every document)."""
-        if not self.lines:
-            owners = file_owner(self.starts, self.total, size)
-            return [Span(i, 0, n) for i, n in enumerate(self.sizes) if owners[i] == rank and n]
+        """Rank `rank`'s spans, in corpus order (ranks in order give every document)."""
+        owners = file_owner(self.starts, self.total, size)
         lo, hi = byte_range(self.total, rank, size)
         spans: list[Span] = []
         for i, (start, n) in enumerate(zip(self.starts, self.sizes)):
+            if not dc.split_by_lines(self.kinds[i], self.lines):
+                if owners[i] == rank and n:
+                    spans.append(Span(i, 0, n))
+                continue
             a, b = max(lo, start) - start, min(hi, start + n) - start
             if a < b:
                 with self._map(i) as data:
@@ -132,34 +145,50 @@ class Corpus:
             return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
     def texts(self, spans: Sequence[Span]) -> Iterator[str]:
-        """Each span decoded as UTF-8; bad bytes are an error naming the file and offset."""
-        open_file, data = -1, None
+        """The documents of `spans` in order: a text span decoded as UTF-8 (bad bytes are an
+        error naming the file and offset); the non-empty records of a record file."""
+        for file, group in itertools.groupby(spans, key=lambda span: span.file):
+            kind, path = self.kinds[file], self.paths[file]
+            if kind == dc.JSONL_GZ:
+                yield from dc.gzip_texts(path, self.field)
+            elif kind == dc.PARQUET:
+                yield from dc.parquet_texts(path, self.field)
+            else:
+                read = self._records if kind == dc.JSONL else _decoded
+                with self._map(file) as data:
+                    yield from read(path, data, group)
+
+    def _records(self, path: str, data: Any, spans: Iterator[Span]) -> Iterator[str]:
+        """The non-empty documents of JSON Lines `spans` (lines, in order) of one file."""
+        line, counted = 1, 0
+        for span in spans:
+            line += data[counted : span.start].count(b"\n")
+            counted = span.start
+            text = dc.record_text(data[span.start : span.stop], self.field,
+                                  f"{path}: line {line}")
+            if text:
+                yield text
+
+
+def _decoded(path: str, data: Any, spans: Iterator[Span]) -> Iterator[str]:
+    for span in spans:
+        raw = data[span.start : span.stop]
         try:
-            for span in spans:
-                if span.file != open_file:
-                    if data is not None:
-                        data.close()
-                    data, open_file = self._map(span.file), span.file
-                raw = data[span.start : span.stop]
-                try:
-                    yield raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise tw.TokenPrepError(
-                        f"{self.paths[span.file]}: invalid UTF-8 at byte offset "
-                        f"{span.start + exc.start}: {exc.reason}") from None
-        finally:
-            if data is not None:
-                data.close()
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise tw.TokenPrepError(f"{path}: invalid UTF-8 at byte offset "
+                                    f"{span.start + exc.start}: {exc.reason}") from None
 
 
 # -- the steps ------------------------------------------------------------------------
 
 
-def split_docs(spans: list[Span], first: int, fraction: float) -> tuple[list[Span], list[Span]]:
-    """(train, val) spans given the global index `first` of this rank's first document."""
-    train, val = [], []
-    for i, span in enumerate(spans):
-        (val if is_val(first + i, fraction) else train).append(span)
+def split_docs(docs: list[Doc], first: int, fraction: float) -> tuple[list[Doc], list[Doc]]:
+    """(train, val) documents given the global index `first` of this rank's first document."""
+    train: list[Doc] = []
+    val: list[Doc] = []
+    for i, doc in enumerate(docs):
+        (val if is_val(first + i, fraction) else train).append(doc)
     return train, val
 
 
@@ -172,8 +201,9 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tz.To
     text, error = None, None
     if comm.rank == 0:  # the library trains on one node, on all its threads
         try:
-            train, _ = split_docs(corpus.spans(0, 1), 0, args.val_fraction)
-            text = tz.train_bpe(corpus.texts(train), args.vocab_size, args.eod_token).json
+            every = corpus.texts(corpus.spans(0, 1))
+            train = (t for i, t in enumerate(every) if not is_val(i, args.val_fraction))
+            text = tz.train_bpe(train, args.vocab_size, args.eod_token).json
         except (tz.TokenizerError, tw.TokenPrepError) as exc:
             error = str(exc)
     text, error = comm.bcast((text, error), root=0)
@@ -185,14 +215,16 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tz.To
 def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
                    ) -> tuple[tz.Tokenizer, dict[str, list[np.ndarray]]]:
     """Collective: the tokenizer and this rank's tokenized documents per split."""
-    spans: list[Span] = []
+    texts: list[str] = []
     error = None
     try:
-        spans = corpus.spans(comm.rank, comm.size)
+        texts = list(corpus.texts(corpus.spans(comm.rank, comm.size)))
     except OSError as exc:  # e.g. a file removed since it was listed
         error = f"cannot read the corpus: {exc}"
+    except tw.TokenPrepError as exc:
+        error = str(exc)
     prep_run.raise_agreed(comm, error, tw.TokenPrepError)
-    train, val = split_docs(spans, prep_run.exscan(comm, len(spans)), args.val_fraction)
+    train, val = split_docs(texts, prep_run.exscan(comm, len(texts)), args.val_fraction)
     check_counts(comm, {"train": train, "val": val}, args.val_fraction)
     tok = None
     try:
@@ -203,15 +235,11 @@ def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
     assert tok is not None
     docs: dict[str, list[np.ndarray]] = {}
     for name, part in (("train", train), ("val", val)):
-        try:
-            docs[name] = tok.encode(list(corpus.texts(part)))
-        except tw.TokenPrepError as exc:
-            error = error or str(exc)
-    prep_run.raise_agreed(comm, error, tw.TokenPrepError)
+        docs[name] = tok.encode(part)
     return tok, docs
 
 
-def check_counts(comm: Any, docs: dict[str, list[Span]], fraction: float) -> None:
+def check_counts(comm: Any, docs: dict[str, list[str]], fraction: float) -> None:
     """Collective: an empty corpus or an empty split is an error on every rank."""
     counts = {name: sum(comm.allgather(len(d))) for name, d in docs.items()}
     if counts["train"] + counts["val"] == 0:
@@ -226,7 +254,8 @@ def check_counts(comm: Any, docs: dict[str, list[Span]], fraction: float) -> Non
 
 
 def meta_for(tok: tz.Tokenizer, split: str, args: argparse.Namespace) -> tk.TokenMeta:
-    params = {"files": args.files, "lines": args.lines, "val_fraction": args.val_fraction,
+    params = {"files": args.files, "lines": args.lines, "field": args.field,
+              "val_fraction": args.val_fraction,
               "tokenizer": args.tokenizer}
     return tk.TokenMeta(tok.vocab_size, tok.eod_id, tok.name, tok.sha256, split, "text", params)
 
@@ -251,9 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="output folder (train.h5, val.h5)")
     p.add_argument("--files", nargs="+", required=True, metavar="GLOB",
-                   help="text files (UTF-8); globs are expanded here ('**' recurses)")
+                   help="text files (UTF-8), JSON Lines (.jsonl, .jsonl.gz, .json.gz) or Parquet "
+                        "(.parquet); globs are expanded here ('**' recurses)")
     p.add_argument("--lines", action="store_true",
-                   help="one document per non-empty line (default: one per file)")
+                   help="text files: one document per non-empty line (default: one per file)")
+    p.add_argument("--field", default="text",
+                   help="JSON Lines and Parquet: the string field (column) holding each "
+                        "document (default: text)")
     p.add_argument("--tokenizer", default="bytes",
                    help="'bytes' (default: 256 byte ids + end of document), 'bpe' (train a "
                         "byte-level BPE on the training documents, saved as tokenizer.json), "
@@ -289,7 +322,11 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
     if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
         raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
                                 "or 'bpe')")
-    corpus = Corpus(expand_files(args.files), args.lines)
+    corpus = Corpus(expand_files(args.files), args.lines, args.field)
+    for path, kind in zip(corpus.paths, corpus.kinds):
+        if kind == dc.PARQUET:
+            dc.require_pyarrow(path)
+            break
     prep_run.check_outputs(args.out, _outputs(args), args.overwrite)
     return corpus
 
