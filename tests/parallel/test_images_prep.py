@@ -63,3 +63,18 @@ def test_bad_file_is_reported_by_every_rank_and_nothing_is_replaced(ranks, tmp_p
     assert run.output.count("zz-bad.png") >= 2
     assert (out / "train.h5").read_bytes() == b"previous good file"
     assert [p.name for p in out.iterdir()] == ["train.h5"]
+
+
+def test_cifar_recipe_on_two_ranks_writes_the_same_file_as_one(ranks, tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("test_cifar",
+                                                  REPO / "tests" / "unit" / "test_cifar.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, python = mod.cifar10_archives(tmp_path)
+    args = ["--archive", str(python)]
+    cifar_recipe = [sys.executable, str(REPO / "datasets" / "cifar.py")]
+    ranks(cifar_recipe, *args, "--out", str(tmp_path / "one"), np=1, timeout=120)
+    run = ranks(cifar_recipe, *args, "--out", str(tmp_path / "two"), np=2, timeout=120)
+    assert "on 2 rank(s)" in run.output
+    for split in ("train.h5", "val.h5"):
+        same_files(tmp_path / "one" / split, tmp_path / "two" / split)

@@ -24,10 +24,10 @@ import numpy as np
 from hpcdp.cliargs import parse_args
 from hpcdp.data.images import folder
 from hpcdp.data.images.decode import FITS
+from hpcdp.data.images.stats import channel_stats
 from hpcdp.data.images.write import (
     Share,
     SplitFile,
-    channel_stats,
     check_share,
     file_attrs,
     rank_share,

@@ -9,8 +9,8 @@ is decoded again. Rows follow the files' output order whatever the number of
 ranks (rank r's first row is the count of good files before its range), so 1
 and N ranks write the same datasets and attributes.
 
-Per-channel sums and sums of squares are exact integers (uint8 values), so the
-mean and standard deviation are the same on any number of ranks.
+Per-channel sums and sums of squares are exact integers (`stats`), so the mean
+and standard deviation are the same on any number of ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hpcdp import __version__
 from hpcdp.data import prep
 from hpcdp.data.images.decode import DecodeError, decode
 from hpcdp.data.images.folder import Entry, byte_ranges
+from hpcdp.data.images.stats import integer_sums
 from hpcdp.data.prep_run import allreduce, create_h5, exscan, mpio_write, replacing
 
 #: A rank keeps its decoded share between the passes up to this many bytes.
@@ -64,24 +65,16 @@ def check_share(split: str, entries: list[Entry], size: int, fit: str) -> Share:
             share.bad.append(str(exc))
             continue
         share.good.append(i)
-        wide = arr.reshape(3, -1).astype(np.int64)
-        share.sums += wide.sum(1)
-        share.squares += (wide * wide).sum(1)
-        share.pixels += wide.shape[1]
+        sums, squares, pixels = integer_sums(arr[None])
+        share.sums += sums
+        share.squares += squares
+        share.pixels += pixels
         if keep:
             arrays.append(arr)
     if keep:
         share.kept = (np.stack(arrays) if arrays
                       else np.zeros((0, 3, size, size), np.uint8))
     return share
-
-
-def channel_stats(sums: np.ndarray, squares: np.ndarray, pixels: int
-                  ) -> tuple[list[float], list[float]]:
-    """Per-channel mean and (population) std on the 0..1 scale (values / 255)."""
-    mean = sums / pixels
-    var = np.maximum(squares / pixels - mean * mean, 0.0)
-    return [float(m / 255.0) for m in mean], [float(np.sqrt(v) / 255.0) for v in var]
 
 
 @dataclass(frozen=True)
