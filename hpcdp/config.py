@@ -84,7 +84,8 @@ class TaskConfig:
 class ModelConfig:
     """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # image: digits_cnn | resnet18 | resnet50; lm: gpt; recsys: dlrm
+    # image: digits_cnn | small_cnn | resnet18 | resnet50; lm: gpt; recsys: dlrm
+    name: str = "digits_cnn"
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
 
 
@@ -100,6 +101,16 @@ class ImageConfig:
     num_classes: int = 10  # outputs of the classifier
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
+    # training batches only, keyed by (run.seed, epoch, sample): none | crop_flip (zero-pad,
+    # random crop, left-right flip: small images) | resized_crop_flip (random-resized crop
+    # and flip: ImageNet style); docs/data-images.md
+    augment: str = "none"
+    crop_padding: int = 4  # crop_flip: zero pixels added on each side before the crop
+    # resized_crop_flip: range of the box's area, as a fraction of the image's
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    # scalar: image.mean / image.std for every channel; file: the per-channel mean and std
+    # stored in the training file (datasets/images.py, datasets/cifar.py)
+    normalize: str = "scalar"
 
 
 @dataclass
@@ -285,6 +296,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "horovod.op": ("average", "adasum"),
     "horovod.sparse_grads": ("sparse", "dense"),
     "recsys.table_optim": ("adagrad", "sparse_adam"),
+    "image.augment": ("none", "crop_flip", "resized_crop_flip"),
+    "image.normalize": ("scalar", "file"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
 #: Tasks hpcdp knows (each a module hpcdp.tasks.<name>); checked here without importing them.
@@ -532,6 +545,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.lr={cfg.optim.lr}: must be positive")
     if cfg.image.scale <= 0 or cfg.image.std <= 0:
         raise ConfigError("image.scale and image.std must be positive")
+    if cfg.image.crop_padding < 0:
+        raise ConfigError(f"image.crop_padding={cfg.image.crop_padding}: must not be negative")
+    lo_hi = cfg.image.crop_scale
+    if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
+        raise ConfigError(f"image.crop_scale={lo_hi}: expected [low, high] with "
+                          "0 < low <= high <= 1")
     if cfg.horovod.gradient_predivide_factor <= 0:
         raise ConfigError("horovod.gradient_predivide_factor must be positive")
     if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:
