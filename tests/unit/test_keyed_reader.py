@@ -35,7 +35,7 @@ def test_keys_are_the_rows_served_on_every_rank(indexed: Path, world: int) -> No
             assert len(reader) == N // 48
             batches = list(reader)
             assert len(batches) == N // 48 and len(reader) == 0
-            for x, y, k in batches:
+            for _, y, k in batches:
                 assert (k[:, 1] == y).all() and (k[:, 0] == epoch).all()
 
 
