@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import json
 import math
 import os
+import pkgutil
 import re
 import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,73 +79,15 @@ class DataConfig:
 class TaskConfig:
     """The workload: what is read, the model family, the loss and the metrics (hpcdp.tasks)."""
 
-    name: str = "image"  # image (classification) | lm (GPT) | recsys (click models)
+    name: str = "image"  # the workload: a module hpcdp.tasks.<name> exporting TASK
 
 
 @dataclass
 class ModelConfig:
     """Which network of the task's; its shape options live in the task's own section."""
 
-    # image: digits_cnn | small_cnn | resnet18 | resnet50; lm: gpt; recsys: dlrm
-    name: str = "digits_cnn"
+    name: str = "digits_cnn"  # one of the task's models; its defaults choose one
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
-
-
-@dataclass
-class ImageConfig:
-    """The image classification task: its datasets, input scaling and model shape."""
-
-    x_name: str = "x"  # the images' dataset in each HDF5 file
-    y_name: str = "y"  # the integer class labels' dataset
-    scale: float = 255.0  # integer inputs are divided by this
-    mean: float = 0.0  # inputs become (x - mean) / std after scaling
-    std: float = 1.0  # see image.mean
-    num_classes: int = 10  # outputs of the classifier
-    width: int = 0  # 0: the model's default width
-    cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
-    # training batches only, keyed by (run.seed, epoch, sample): none | crop_flip (zero-pad,
-    # random crop, left-right flip: small images) | resized_crop_flip (random-resized crop
-    # and flip: ImageNet style); docs/data-images.md
-    augment: str = "none"
-    crop_padding: int = 4  # crop_flip: zero pixels added on each side before the crop
-    # resized_crop_flip: range of the box's area, as a fraction of the image's
-    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
-    # scalar: image.mean / image.std for every channel; file: the per-channel mean and std
-    # stored in the training file (datasets/images.py, datasets/cifar.py)
-    normalize: str = "scalar"
-
-
-@dataclass
-class LMConfig:
-    """The language-model task: token windows, the GPT's shape, throughput accounting."""
-
-    seq_len: int = 64  # S: tokens of context per window (each window reads S + 1)
-    layers: int = 2  # transformer blocks
-    heads: int = 2  # attention heads (width must be a multiple)
-    width: int = 64  # the residual stream's width
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio x width
-    dropout: float = 0.0  # on attention, residual and embeddings; 0 for determinism
-    tokenizer_sha256: str = ""  # if set: the data must be made with this tokenizer
-    peak_tflops: float = 0.0  # device peak for MFU, TFLOP/s; 0: known GPUs detected, else none
-
-
-@dataclass
-class RecsysConfig:
-    """The click model task (DLRM): its model shape and the optimizer of its tables.
-
-    optim.lr is the MLPs' rate (Adam); the tables take their own optimizer and rate,
-    and both follow the same schedule and batch rule (docs/recsys.md).
-    """
-
-    embed_dim: int = 16  # width of every embedding row (and of the bottom MLP's output)
-    bottom: list[int] = field(default_factory=lambda: [64])  # bottom MLP's hidden widths
-    top: list[int] = field(default_factory=lambda: [64])  # top MLP's hidden widths
-    table_optim: str = "adagrad"  # adagrad | sparse_adam: the tables' sparse optimizer
-    table_lr: float = 0.05  # the tables' peak rate (for optim.ref_batch samples per update)
-    # Adagrad's initial accumulator: above 0 it damps a rarely seen row's first steps
-    # (about table_lr whatever the gradient at 0): slower to learn, slower to overfit
-    initial_accumulator: float = 0.0
-    check_data: bool = True  # scan every id and label of both files on every rank at start
 
 
 @dataclass
@@ -261,18 +205,46 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    image: ImageConfig = field(default_factory=ImageConfig)
-    lm: LMConfig = field(default_factory=LMConfig)
-    recsys: RecsysConfig = field(default_factory=RecsysConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     preempt: PreemptConfig = field(default_factory=PreemptConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # The chosen task's own section as (its key, its values), read as `cfg.<key>`: the task
+    # declares it (hpcdp.tasks.<name>.TASK.section), so this module names no task. A field,
+    # so that dataclasses.replace keeps it; build() sets it, else the first read does.
+    task_section: tuple[str, Any] | None = field(default=None, repr=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when `name` is no attribute: the task's own section, e.g. cfg.lm.
+        if name.startswith("_") or "task_section" not in self.__dict__:
+            raise AttributeError(name)  # copy, pickle and dataclass internals probe these
+        key, values = self.own_section()
+        if key == name:
+            return values
+        raise AttributeError(f"this config has no section {name!r} (task.name="
+                             f"{self.task.name!r}, whose section is {key or 'none'!r})")
+
+    def own_section(self) -> tuple[str, Any]:
+        """(key, values) of the task's own section; ("", None) for a task without one."""
+        if self.task_section is None:  # a Config() made by hand: the task's defaults
+            section = find_task(self.task.name).section
+            self.task_section = (section.key, section.type()) if section else ("", None)
+        return self.task_section
+
+    def sections(self) -> dict[str, Any]:
+        """{section name: its values}, the task's own section right after [model]."""
+        key, values = self.own_section()
+        out: dict[str, Any] = {}
+        for name in SHARED_SECTIONS:
+            out[name] = getattr(self, name)
+            if name == "model" and key:
+                out[key] = values
+        return out
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        return {name: dataclasses.asdict(values) for name, values in self.sections().items()}
 
     @property
     def run_dir(self) -> Path:
@@ -281,6 +253,10 @@ class Config:
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
+
+
+#: The sections every task shares; a task adds its own (TaskSection).
+SHARED_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "task_section")
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -295,25 +271,82 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "horovod.compression": ("none", "fp16"),
     "horovod.op": ("average", "adasum"),
     "horovod.sparse_grads": ("sparse", "dense"),
-    "recsys.table_optim": ("adagrad", "sparse_adam"),
-    "image.augment": ("none", "crop_flip", "resized_crop_flip"),
-    "image.normalize": ("scalar", "file"),
 }
 SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP")
-#: Tasks hpcdp knows (each a module hpcdp.tasks.<name>); checked here without importing them.
-TASK_NAMES = ("image", "lm", "recsys")
-
-#: Keys that moved to a task's own section: an old config gets an error naming the new key.
-MOVED: dict[str, str] = {
-    **{f"data.{k}": f"image.{k}" for k in ("x_name", "y_name", "scale", "mean", "std")},
-    **{f"model.{k}": f"image.{k}" for k in ("num_classes", "width", "cifar_stem")},
-}
-
 #: Keys that were renamed or replaced: naming one is an error that names its successor.
 RENAMED: dict[str, str] = {
     "optim.scale_lr": "optim.lr_scaling (linear | sqrt | none) with optim.ref_batch, the "
                       "global batch optim.lr is stated for",
 }
+
+
+@dataclass(frozen=True)
+class TaskSection:
+    """A task's own config section: [key], its dataclass, its checks (hpcdp.tasks.Task.section).
+
+    `check(cfg)` raises ConfigError for values the section's types let through (ranges,
+    relations between keys); `choices` lists the allowed strings of a key, by key name;
+    `moved` names keys of the shared sections that moved here: {"data.x_name": "x_name"}.
+    """
+
+    key: str
+    type: type
+    check: Callable[[Config], None] | None = None
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    moved: Mapping[str, str] = field(default_factory=dict)
+
+
+class TaskSpec(Protocol):
+    """What the config needs of a task (hpcdp.tasks.Task has it): its section and defaults."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def section(self) -> TaskSection | None: ...
+    @property
+    def defaults(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+TASKS_PACKAGE = "hpcdp.tasks"
+
+
+def find_task(name: str) -> TaskSpec:
+    """The task `name`: `TASK` of the module hpcdp.tasks.<name>, found by name.
+
+    Imported by name, not by an import statement: the tasks import this module, and a
+    new task is a new module there, listed nowhere. An unknown name lists the real tasks.
+    """
+    module = None
+    if name.isidentifier() and not name.startswith("_"):
+        try:
+            module = importlib.import_module(f"{TASKS_PACKAGE}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{TASKS_PACKAGE}.{name}":
+                raise  # the task exists but needs a package that is missing: say that
+    task = getattr(module, "TASK", None)
+    if task is None or getattr(task, "name", None) != name:
+        raise ConfigError(f"task.name={name!r}: choose one of {', '.join(task_names())}")
+    return typing.cast(TaskSpec, task)
+
+
+def task_names() -> list[str]:
+    """Every task in hpcdp.tasks (modules exporting a TASK of their own name), sorted."""
+    package = importlib.import_module(TASKS_PACKAGE)
+    names = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{TASKS_PACKAGE}.{info.name}")
+        if getattr(getattr(module, "TASK", None), "name", None) == info.name:
+            names.append(info.name)
+    return sorted(names)
+
+
+def _choices(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """CHOICES and the task's own, as {"section.key": allowed}."""
+    section = find_task(cfg.task.name).section
+    own = {f"{section.key}.{k}": v for k, v in section.choices.items()} if section else {}
+    return {**CHOICES, **own}
 
 
 def _section_types(cls: type) -> dict[str, Any]:
@@ -361,25 +394,53 @@ def _unknown(kind: str, name: str, known: list[str], where: str) -> ConfigError:
 
 def apply_mapping(cfg: Config, data: dict[str, Any], where: str) -> None:
     """Apply a nested {section: {key: value}} mapping, strictly."""
-    sections = [f.name for f in dataclasses.fields(Config)]
+    sections = cfg.sections()
     for sec, values in data.items():
         if sec not in sections:
-            raise _unknown("section", sec, sections, where)
+            raise _other_tasks_section(cfg, sec, values, where) or _unknown(
+                "section", sec, list(sections), where)
         if not isinstance(values, dict):
             raise ConfigError(f"[{sec}] {where} must be a table, got {values!r}")
-        obj = getattr(cfg, sec)
+        obj = sections[sec]
         types = _section_types(type(obj))
         for key, value in values.items():
             if f"{sec}.{key}" in RENAMED:
                 raise ConfigError(f"{sec}.{key} {where} is no longer a key: use "
                                   f"{RENAMED[f'{sec}.{key}']}")
-            if f"{sec}.{key}" in MOVED:
-                new = MOVED[f"{sec}.{key}"]
-                raise ConfigError(f"{sec}.{key} {where} has moved to {new} (the task's own "
-                                  f"section): write [{new.split('.')[0]}] {key} = ... instead")
             if key not in types:
+                new = _moved_to(cfg, f"{sec}.{key}")
+                if new:
+                    raise ConfigError(f"{sec}.{key} {where} has moved to {new} (the task's own "
+                                      f"section): write [{new.split('.')[0]}] {key} = ... "
+                                      "instead")
                 raise _unknown("key", f"{sec}.{key}", [f"{sec}.{k}" for k in types], where)
             setattr(obj, key, coerce(f"{sec}.{key}", value, types[key]))
+
+
+def _task_sections(first: str) -> list[tuple[str, TaskSection]]:
+    """(task, its section) for every task with one, task `first` first (error paths only:
+    this imports every task)."""
+    found = [(name, find_task(name).section) for name in [first, *task_names()]]
+    return [(name, section) for name, section in found if section is not None]
+
+
+def _moved_to(cfg: Config, old: str) -> str | None:
+    """The key `old` ("data.x_name") moved to in a task's own section, or None."""
+    for _, section in _task_sections(cfg.task.name):
+        if old in section.moved:
+            return f"{section.key}.{section.moved[old]}"
+    return None
+
+
+def _other_tasks_section(cfg: Config, sec: str, values: Any, where: str) -> ConfigError | None:
+    """The error for another task's section ([lm] in an image config), or None."""
+    owners = [name for name, section in _task_sections(cfg.task.name) if section.key == sec]
+    if not owners:
+        return None
+    keys = list(values) if isinstance(values, dict) else []
+    what = f"{sec}.{keys[0]}" if keys else f"[{sec}]"
+    return ConfigError(f"{what} {where}: [{sec}] is the section of task {owners[0]!r}, and "
+                       f"this config's task is {cfg.task.name!r} (task.name)")
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -427,20 +488,23 @@ def build(path: str | Path | None = None, overrides: Sequence[str] = (),
           environ: Mapping[str, str] | None = None) -> Config:
     """Defaults, then the task's defaults, then the file, then the overrides; then checks.
 
-    `task_defaults(name)` gives the chosen task's own defaults for any section
-    (hpcdp.tasks.defaults); the task is named by the file or an override. `environ`
-    (default: os.environ) expands `${NAME}` in paths: a submission checks the config
-    with the job's variables standing in.
+    The task is named by the file or an override (task.name) and found by name
+    (find_task); its own section joins the config and its defaults apply before the
+    file. `task_defaults(name)`, when given, stands in for the task's own defaults.
+    `environ` (default: os.environ) expands `${NAME}` in paths: a submission checks
+    the config with the job's variables standing in.
     """
     cfg = Config()
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"--config: expected a file path, got {path!r}")  # e.g. --config=--
     mapping = load_file(path) if path is not None else {}
     parsed = [(text, *parse_override(text)) for text in overrides]
-    if task_defaults is not None:
-        name = chosen_task(mapping, parsed)
-        if name in TASK_NAMES:  # an unknown name is reported by validate()
-            apply_mapping(cfg, dict(task_defaults(name)), f"in task {name!r}'s defaults")
+    name = chosen_task(mapping, parsed)
+    task = find_task(name)
+    cfg.task.name = name
+    cfg.task_section = (task.section.key, task.section.type()) if task.section else ("", None)
+    defaults = task.defaults if task_defaults is None else task_defaults(name)
+    apply_mapping(cfg, dict(defaults), f"in task {name!r}'s defaults")
     if path is not None:
         apply_mapping(cfg, mapping, f"in {str(path)!r}")
     for text, sec, key, value in parsed:
@@ -494,9 +558,8 @@ def chosen_task(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str
 
 def validate(cfg: Config) -> None:
     """Range and choice checks that need no data, no model and no runtime."""
-    if cfg.task.name not in TASK_NAMES:
-        raise ConfigError(f"task.name={cfg.task.name!r}: choose one of {', '.join(TASK_NAMES)}")
-    for key, allowed in CHOICES.items():
+    task = find_task(cfg.task.name)
+    for key, allowed in _choices(cfg).items():
         sec, name = key.split(".")
         value = getattr(getattr(cfg, sec), name)
         if value not in allowed:
@@ -505,21 +568,12 @@ def validate(cfg: Config) -> None:
         "run.epochs": cfg.run.epochs,
         "data.batch_size": cfg.data.batch_size,
         "optim.ref_batch": cfg.optim.ref_batch,
-        "image.num_classes": cfg.image.num_classes,
-        "recsys.embed_dim": cfg.recsys.embed_dim,
         "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
         "checkpoint.keep": cfg.checkpoint.keep,
         "preempt.check_every": cfg.preempt.check_every,
         "log.every_steps": cfg.log.every_steps,
-        "lm.seq_len": cfg.lm.seq_len,
-        "lm.layers": cfg.lm.layers,
-        "lm.heads": cfg.lm.heads,
-        "lm.width": cfg.lm.width,
-        "lm.mlp_ratio": cfg.lm.mlp_ratio,
     }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key}={value}: must be at least 1")
+    at_least_one(positive)
     non_negative = {
         "run.max_steps": cfg.run.max_steps,
         "run.stop_at_step": cfg.run.stop_at_step,
@@ -528,29 +582,17 @@ def validate(cfg: Config) -> None:
         "data.window_samples": cfg.data.window_samples,
         "data.virtual_shards": cfg.data.virtual_shards,
         "data.prefetch": cfg.data.prefetch,
-        "image.width": cfg.image.width,
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "optim.weight_decay": cfg.optim.weight_decay,
         "preempt.max_requeues": cfg.preempt.max_requeues,
         "optim.grad_clip": cfg.optim.grad_clip,
-        "lm.peak_tflops": cfg.lm.peak_tflops,
     }
-    for key, value in non_negative.items():
-        if value < 0:
-            raise ConfigError(f"{key}={value}: must not be negative")
+    not_negative(non_negative)
     if not cfg.data.path:
         raise ConfigError("data.path is not set: the folder holding the training data")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr={cfg.optim.lr}: must be positive")
-    if cfg.image.scale <= 0 or cfg.image.std <= 0:
-        raise ConfigError("image.scale and image.std must be positive")
-    if cfg.image.crop_padding < 0:
-        raise ConfigError(f"image.crop_padding={cfg.image.crop_padding}: must not be negative")
-    lo_hi = cfg.image.crop_scale
-    if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
-        raise ConfigError(f"image.crop_scale={lo_hi}: expected [low, high] with "
-                          "0 < low <= high <= 1")
     if cfg.horovod.gradient_predivide_factor <= 0:
         raise ConfigError("horovod.gradient_predivide_factor must be positive")
     if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:
@@ -576,6 +618,29 @@ def validate(cfg: Config) -> None:
     if cfg.run.precision == "fp16" and cfg.run.device == "cpu":
         raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 on CPUs)")
     _validate_more(cfg)
+    if task.section is not None and task.section.check is not None:
+        task.section.check(cfg)
+
+
+def at_least_one(values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming the first key ("run.epochs") whose value is below 1."""
+    for key, value in values.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value}: must be at least 1")
+
+
+def not_negative(values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming the first key whose value is below 0."""
+    for key, value in values.items():
+        if value < 0:
+            raise ConfigError(f"{key}={value}: must not be negative")
+
+
+def not_empty(values: Mapping[str, str]) -> None:
+    """Raise ConfigError naming the first key whose value is the empty string."""
+    for key, value in values.items():
+        if not value:
+            raise ConfigError(f"{key} must not be empty")
 
 
 def _validate_more(cfg: Config) -> None:
@@ -591,20 +656,12 @@ def _validate_more(cfg: Config) -> None:
         raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
     if any(m < 0 for m in cfg.schedule.milestones):
         raise ConfigError(f"schedule.milestones={cfg.schedule.milestones}: must not be negative")
-    if cfg.recsys.table_lr <= 0 or cfg.recsys.initial_accumulator < 0:
-        raise ConfigError("recsys.table_lr must be positive, recsys.initial_accumulator "
-                          "not negative")
-    if any(w < 1 for w in (*cfg.recsys.bottom, *cfg.recsys.top)):
-        raise ConfigError("recsys.bottom and recsys.top: every width must be at least 1")
     name = cfg.run.name
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise ConfigError(f"run.name={name!r}: must be a plain folder name (set run.dir for a "
                           "path)")
-    for key in ("data.train_file", "data.val_file", "image.x_name", "image.y_name",
-                "checkpoint.resume"):
-        sec, attr = key.split(".")
-        if not getattr(getattr(cfg, sec), attr):
-            raise ConfigError(f"{key} must not be empty")
+    not_empty({"data.train_file": cfg.data.train_file, "data.val_file": cfg.data.val_file,
+               "checkpoint.resume": cfg.checkpoint.resume})
     _validate_staging(cfg)
     for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline",
                 "data.stage_dir"):
@@ -626,21 +683,13 @@ def _validate_staging(cfg: Config) -> None:
 
 
 def _validate_optim(cfg: Config) -> None:
-    """AdamW's betas, clipping (which needs the averaged gradients) and the LM's shape."""
+    """AdamW's betas and clipping (which needs the averaged gradients)."""
     betas = cfg.optim.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"optim.betas={betas}: two numbers in [0, 1)")
     if cfg.optim.grad_clip > 0 and cfg.horovod.op == "adasum":
         raise ConfigError("optim.grad_clip cannot be combined with horovod.op='adasum' (Adasum "
                           "steps inside its hooks, before any averaged gradient exists)")
-    if cfg.lm.width % cfg.lm.heads:
-        raise ConfigError(f"lm.width={cfg.lm.width} is not a multiple of lm.heads="
-                          f"{cfg.lm.heads}")
-    if not 0.0 <= cfg.lm.dropout < 1.0:
-        raise ConfigError(f"lm.dropout={cfg.lm.dropout}: must lie in [0, 1)")
-    sha = cfg.lm.tokenizer_sha256
-    if sha and not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise ConfigError(f"lm.tokenizer_sha256={sha!r}: 64 lower-case hex digits, or empty")
 
 
 def check_paths(cfg: Config) -> None:

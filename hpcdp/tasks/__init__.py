@@ -20,7 +20,11 @@ it. The training package (hpcdp.train) asks the task for:
   their tables, labels in range), on every rank before any collective; raises
   with the file, field and rows;
 - `defaults`: config values the task changes (any section), applied before the
-  config file.
+  config file;
+- `section` (optional): the task's own config section (hpcdp.config.TaskSection):
+  its key ([image]), its dataclass, its checks, its keys' choices and the shared
+  keys that moved into it. The config finds a task by its name alone, so a new
+  workload is one new module here exporting TASK (and its data recipe).
 
 Optional:
 
@@ -40,13 +44,12 @@ Optional:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpcdp.config import TASK_NAMES, ConfigError
+from hpcdp.config import ConfigError, TaskSection, find_task
 
 if TYPE_CHECKING:
     import torch
@@ -118,6 +121,7 @@ class Task:
     count: Callable[[Any], int] = _first_len
     check_file: Callable[[Config, Path], None] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    section: TaskSection | None = None
     readers: Callable[[Config, int, int, int, torch.device], tuple[Any, Any]] | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
@@ -132,10 +136,11 @@ class Task:
 
 
 def get(name: str) -> Task:
-    """The task named `name` (config.TASK_NAMES lists them)."""
-    if name not in TASK_NAMES:
-        raise ConfigError(f"task.name={name!r}: choose one of {', '.join(TASK_NAMES)}")
-    return importlib.import_module(f"hpcdp.tasks.{name}").TASK
+    """The task named `name`: TASK of the module hpcdp.tasks.<name> (config.find_task)."""
+    task = find_task(name)
+    if not isinstance(task, Task):
+        raise ConfigError(f"hpcdp.tasks.{name}.TASK is a {type(task).__name__}, not a Task")
+    return task
 
 
 def defaults(name: str) -> Mapping[str, Mapping[str, Any]]:

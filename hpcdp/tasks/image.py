@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,56 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hpcdp.config import Config
+from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_empty, not_negative
 from hpcdp.data.images.augment import augment
 from hpcdp.data.reader import ReaderError
 from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
 
 Normalizer = tuple[Any, Any]
+
+
+@dataclass
+class ImageConfig:
+    """The image classification task: its datasets, input scaling and model shape."""
+
+    x_name: str = "x"  # the images' dataset in each HDF5 file
+    y_name: str = "y"  # the integer class labels' dataset
+    scale: float = 255.0  # integer inputs are divided by this
+    mean: float = 0.0  # inputs become (x - mean) / std after scaling
+    std: float = 1.0  # see image.mean
+    num_classes: int = 10  # outputs of the classifier
+    width: int = 0  # 0: the model's default width
+    cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
+    # training batches only, keyed by (run.seed, epoch, sample): none | crop_flip (zero-pad,
+    # random crop, left-right flip: small images) | resized_crop_flip (random-resized crop
+    # and flip: ImageNet style); docs/data-images.md
+    augment: str = "none"
+    crop_padding: int = 4  # crop_flip: zero pixels added on each side before the crop
+    # resized_crop_flip: range of the box's area, as a fraction of the image's
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    # scalar: image.mean / image.std for every channel; file: the per-channel mean and std
+    # stored in the training file (datasets/images.py, datasets/cifar.py)
+    normalize: str = "scalar"
+
+
+def check(cfg: Config) -> None:
+    c = cfg.image
+    at_least_one({"image.num_classes": c.num_classes})
+    not_negative({"image.width": c.width, "image.crop_padding": c.crop_padding})
+    if c.scale <= 0 or c.std <= 0:
+        raise ConfigError("image.scale and image.std must be positive")
+    not_empty({"image.x_name": c.x_name, "image.y_name": c.y_name})
+    if len(c.crop_scale) != 2 or not 0 < c.crop_scale[0] <= c.crop_scale[1] <= 1:
+        raise ConfigError(f"image.crop_scale={c.crop_scale}: expected [low, high] with "
+                          "0 < low <= high <= 1")
+
+
+#: Keys that were the shared sections' before the task had its own.
+MOVED = {**{f"data.{k}": k for k in ("x_name", "y_name", "scale", "mean", "std")},
+         **{f"model.{k}": k for k in ("num_classes", "width", "cifar_stem")}}
+CHOICES = {"augment": ("none", "crop_flip", "resized_crop_flip"),
+           "normalize": ("scalar", "file")}
 
 
 def datasets(cfg: Config) -> Sequence[Dataset]:
@@ -134,4 +178,5 @@ TASK = Task(
     optimizers=default_optimizers,
     check_file=check_file,
     sample_keys=sample_keys,
+    section=TaskSection("image", ImageConfig, check, choices=CHOICES, moved=MOVED),
 )

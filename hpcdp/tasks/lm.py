@@ -12,15 +12,45 @@ peak is known (a listed GPU, or `lm.peak_tflops`), the model FLOPs utilization.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpcdp.config import Config
+from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_negative
 from hpcdp.models import gpt
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for
+
+
+@dataclass
+class LMConfig:
+    """The language-model task: token windows, the GPT's shape, throughput accounting."""
+
+    seq_len: int = 64  # S: tokens of context per window (each window reads S + 1)
+    layers: int = 2  # transformer blocks
+    heads: int = 2  # attention heads (width must be a multiple)
+    width: int = 64  # the residual stream's width
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio x width
+    dropout: float = 0.0  # on attention, residual and embeddings; 0 for determinism
+    tokenizer_sha256: str = ""  # if set: the data must be made with this tokenizer
+    peak_tflops: float = 0.0  # device peak for MFU, TFLOP/s; 0: known GPUs detected, else none
+
+
+def check(cfg: Config) -> None:
+    c = cfg.lm
+    at_least_one({"lm.seq_len": c.seq_len, "lm.layers": c.layers, "lm.heads": c.heads,
+                  "lm.width": c.width, "lm.mlp_ratio": c.mlp_ratio})
+    not_negative({"lm.peak_tflops": c.peak_tflops})
+    if c.width % c.heads:
+        raise ConfigError(f"lm.width={c.width} is not a multiple of lm.heads={c.heads}")
+    if not 0.0 <= c.dropout < 1.0:
+        raise ConfigError(f"lm.dropout={c.dropout}: must lie in [0, 1)")
+    sha = c.tokenizer_sha256
+    if sha and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ConfigError(f"lm.tokenizer_sha256={sha!r}: 64 lower-case hex digits, or empty")
 
 
 def datasets(cfg: Config) -> Sequence[Dataset]:
@@ -153,4 +183,5 @@ TASK = Task(
     readers=readers,
     derive=derive,
     rates=rates,
+    section=TaskSection("lm", LMConfig, check),
 )

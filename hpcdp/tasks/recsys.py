@@ -18,18 +18,48 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpcdp.config import Config
+from hpcdp.config import Config, ConfigError, TaskSection, at_least_one
 from hpcdp.data.clicks.check import ClickSchema, check_rows, read_schema
 from hpcdp.data.reader import ReaderError
 from hpcdp.models.dlrm import DLRM, loss_fn, split_params
 from hpcdp.runtime import sparse_grads as grads
 from hpcdp.tasks import Dataset, Metric, Task, optimizer_for
 from hpcdp.tasks.auc import auc_logloss
+
+
+@dataclass
+class RecsysConfig:
+    """The click model task (DLRM): its model shape and the optimizer of its tables.
+
+    optim.lr is the MLPs' rate (Adam); the tables take their own optimizer and rate,
+    and both follow the same schedule and batch rule (docs/recsys.md).
+    """
+
+    embed_dim: int = 16  # width of every embedding row (and of the bottom MLP's output)
+    bottom: list[int] = field(default_factory=lambda: [64])  # bottom MLP's hidden widths
+    top: list[int] = field(default_factory=lambda: [64])  # top MLP's hidden widths
+    table_optim: str = "adagrad"  # adagrad | sparse_adam: the tables' sparse optimizer
+    table_lr: float = 0.05  # the tables' peak rate (for optim.ref_batch samples per update)
+    # Adagrad's initial accumulator: above 0 it damps a rarely seen row's first steps
+    # (about table_lr whatever the gradient at 0): slower to learn, slower to overfit
+    initial_accumulator: float = 0.0
+    check_data: bool = True  # scan every id and label of both files on every rank at start
+
+
+def check(cfg: Config) -> None:
+    r = cfg.recsys
+    at_least_one({"recsys.embed_dim": r.embed_dim})
+    if r.table_lr <= 0 or r.initial_accumulator < 0:
+        raise ConfigError("recsys.table_lr must be positive, recsys.initial_accumulator "
+                          "not negative")
+    if any(w < 1 for w in (*r.bottom, *r.top)):
+        raise ConfigError("recsys.bottom and recsys.top: every width must be at least 1")
 
 
 class ClickModel(DLRM):
@@ -140,4 +170,6 @@ TASK = Task(
         "optim": {"name": "adamw", "lr": 1e-3, "lr_scaling": "none"},
         "schedule": {"kind": "constant"},
     },
+    section=TaskSection("recsys", RecsysConfig, check,
+                        choices={"table_optim": ("adagrad", "sparse_adam")}),
 )

@@ -25,7 +25,9 @@ NON_NEGATIVE = ["run.max_steps", "run.stop_at_step", "data.global_batch_size",
 
 
 def build(*overrides: str) -> c.Config:
-    return c.build(None, [*BASE, *overrides])
+    """A config from BASE and `overrides`, for the task whose section they name (if any)."""
+    task = [f"task.name={o.split('.')[0]}" for o in overrides if o.startswith(("lm.", "recsys."))]
+    return c.build(None, [*BASE, *task[:1], *overrides])
 
 
 def refused(*overrides: str) -> str:
@@ -129,7 +131,7 @@ def test_unknown_names_get_one_suggestion_and_the_list() -> None:
     assert msg == ("unknown key 'checkpoint.kepp' in override 'checkpoint.kepp=2' (did you mean "
                    f"'checkpoint.keep'?); known: {keys}")
     msg = refused("zzz.a=1")
-    sections = ", ".join(f.name for f in dataclasses.fields(c.Config))
+    sections = ", ".join(build().sections())
     assert msg == f"unknown section 'zzz' in override 'zzz.a=1'; known: {sections}"
 
 
@@ -204,11 +206,11 @@ def test_data_path_unset_is_named_in_full() -> None:
 
 def test_values_just_inside_the_bounds_are_taken() -> None:
     cfg = build("image.scale=0.5", "schedule.kind=step", "schedule.milestones=[0, 0.5]",
-                "recsys.bottom=[1]", "recsys.top=[1, 1]", "optim.betas=[0, 0.999]",
-                "lm.dropout=0.99", "run.stall_floor_s=0.5", "run.stall_multiple=1",
+                "optim.betas=[0, 0.999]", "run.stall_floor_s=0.5", "run.stall_multiple=1",
                 "run.stall_warmup_factor=1.5")
     assert cfg.image.scale == 0.5 and cfg.schedule.milestones == [0.0, 0.5]
-    assert cfg.recsys.bottom == [1] and cfg.optim.betas == [0.0, 0.999]
+    assert build("recsys.bottom=[1]", "recsys.top=[1, 1]").recsys.bottom == [1]
+    assert build("lm.dropout=0.99").lm.dropout == 0.99 and cfg.optim.betas == [0.0, 0.999]
     assert cfg.run.stall_floor_s == 0.5 and cfg.run.stall_multiple == 1.0
 
 
@@ -234,7 +236,8 @@ def test_the_files_task_picks_the_task_defaults(tmp_path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('[task]\nname = "lm"\n[data]\npath = "d"\n')
     assert c.build(f, [], task_defaults=task_defaults).lm.layers == 5
-    assert c.build(f, ["task.name=image"], task_defaults=task_defaults).lm.layers == 2
+    image = c.build(f, ["task.name=image"], task_defaults=task_defaults)
+    assert "lm" not in image.sections() and image.image.num_classes == 10
     assert asked == ["lm", "image"]
 
 

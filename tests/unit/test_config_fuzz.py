@@ -8,7 +8,6 @@ anything else), plus two real `python -m hpcdp.train` runs for the exit status a
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import subprocess
 import sys
@@ -21,19 +20,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcdp import config as c
+from hpcdp import config_doc
 from hpcdp.config import ConfigError
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, print_blob=True)
 BASE = ["data.path=some/data"]  # the one key without a usable default
 
 
+# Each task's own section, valid with its task only: {section: task}.
+TASK_OF = {key: task for key, (task, _) in config_doc.task_sections().items()}
+
+
 def all_keys() -> list[tuple[str, typing.Any]]:
-    """(section.key, declared type) for every field of every config section."""
+    """(section.key, declared type) for every field of every config section (every task's)."""
+    sections = {name: type(getattr(c.Config(), name)) for name in c.SHARED_SECTIONS}
+    sections.update({key: s.type for key, (_, s) in config_doc.task_sections().items()})
     keys = []
-    for section in dataclasses.fields(c.Config):
-        hints = typing.get_type_hints(type(getattr(c.Config(), section.name)))
-        keys += [(f"{section.name}.{name}", tp) for name, tp in hints.items()]
+    for section, cls in sections.items():
+        hints = typing.get_type_hints(cls)
+        keys += [(f"{section}.{name}", tp) for name, tp in hints.items()]
     return keys
+
+
+def base(key: str) -> list[str]:
+    """BASE, and the task whose section `key` is in."""
+    section = key.split(".")[0]
+    return [*BASE, f"task.name={TASK_OF[section]}"] if section in TASK_OF else BASE
 
 
 KEYS = all_keys()
@@ -68,7 +80,7 @@ def wrong_type(draw: st.DrawFn) -> tuple[str, str]:
 def test_every_key_refuses_every_wrong_type(case: tuple[str, str]) -> None:
     key, literal = case
     with pytest.raises(ConfigError) as err:
-        c.build(None, [*BASE, f"{key}={literal}"])
+        c.build(None, [*base(key), f"{key}={literal}"])
     assert key in str(err.value), (key, literal, str(err.value))
 
 
@@ -78,7 +90,7 @@ def test_every_key_refuses_every_wrong_type(case: tuple[str, str]) -> None:
 def test_numbers_must_be_finite(key: str, literal: str) -> None:
     value = f"[{literal}]" if dict(KEYS)[key] == list[float] else literal
     with pytest.raises(ConfigError, match="finite") as err:
-        c.build(None, [*BASE, f"{key}={value}"])
+        c.build(None, [*base(key), f"{key}={value}"])
     assert key in str(err.value)
 
 
@@ -127,7 +139,7 @@ def toml_literal(value: typing.Any) -> str:
     lambda k: st.tuples(st.just(k), OUT_OF_RANGE[k])))
 def test_out_of_range_values_are_refused_naming_the_key(case: tuple[str, typing.Any]) -> None:
     key, value = case
-    overrides = [*BASE, f"{key}={toml_literal(value)}"]
+    overrides = [*base(key), f"{key}={toml_literal(value)}"]
     if key == "schedule.milestones":
         overrides.append("schedule.kind=step")
     with pytest.raises(ConfigError) as err:
@@ -143,7 +155,7 @@ OVERRIDE_TEXT = st.text(st.characters(blacklist_characters="\0"), max_size=30)
 def test_any_override_text_builds_or_names_the_key(key: str, raw: str) -> None:
     """Whatever follows `key=`: a valid config, or a ConfigError naming the key."""
     try:
-        cfg = c.build(None, [*BASE, f"{key}={raw}"])
+        cfg = c.build(None, [*base(key), f"{key}={raw}"])
     except ConfigError as e:
         assert key in str(e) or "data.path" in str(e), (key, raw, str(e))
         return
