@@ -78,3 +78,21 @@ def test_cifar_recipe_on_two_ranks_writes_the_same_file_as_one(ranks, tmp_path: 
     assert "on 2 rank(s)" in run.output
     for split in ("train.h5", "val.h5"):
         same_files(tmp_path / "one" / split, tmp_path / "two" / split)
+
+
+def test_existing_output_is_refused_by_every_rank_without_overwrite(ranks, tmp_path: Path):
+    make_folder(tmp_path / "in", per_class=3, classes=2)
+    out = tmp_path / "out"
+    args = ["--root", str(tmp_path / "in"), "--out", str(out), "--size", "8"]
+    assert main(args) == 0
+    old = (out / "train.h5").read_bytes()
+    run = ranks(RECIPE, *args, "--size", "10", np=2, timeout=120, expect_ok=False)
+    assert not run.timed_out and run.returncode == 2, run.describe()
+    for rank in (0, 1):
+        assert (f"[rank {rank}] datasets/images.py: error: {out / 'train.h5'} already exists"
+                in run.output), run.describe()
+    assert (out / "train.h5").read_bytes() == old
+    ranks(RECIPE, *args, "--size", "10", "--overwrite", np=2, timeout=120)
+    assert sorted(p.name for p in out.iterdir()) == ["train.h5"]
+    with h5py.File(out / "train.h5") as f:
+        assert f["x"].shape == (6, 3, 10, 10)
