@@ -161,7 +161,7 @@ def _digits(in_channels: int, num_classes: int, width: int, cifar_stem: bool,
 def _small(in_channels: int, num_classes: int, width: int, cifar_stem: bool,
            image_size: int) -> nn.Module:
     if image_size < 8:
-        raise ValueError(f"small_cnn halves the image three times: needs at least 8x8, got "
+        raise ModelError(f"small_cnn halves the image three times: needs at least 8x8, got "
                          f"{image_size}x{image_size}")
     return SmallCNN(in_channels, num_classes, width or 32)
 
