@@ -37,6 +37,7 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.cliargs import parse_args
 from hpcdp.data import sources as src
+from hpcdp.data.images import cifar
 from hpcdp.data.prep_run import (
     PrepError,
     agree,
@@ -116,6 +117,7 @@ def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
         "seed": seed,
         "source_params": json.dumps(source.params, sort_keys=True),
         "hpcdp_version": __version__,
+        **source.attrs,
     }
 
 
@@ -250,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--x-key", default="x", help="member name inside a .npz")
     p.add_argument("--y-key", default="y", help="member name inside a .npz ('' for none)")
     p.add_argument("--split", default="train", help="output name: SPLIT.h5")
+    p = sub.add_parser("cifar", parents=[common], epilog=EXIT_STATUS,
+                       help="a CIFAR-10/100 archive (binary or python version) -> train.h5, "
+                            "val.h5 (uint8 3x32x32, class names, channel mean/std)")
+    p.add_argument("--archive", required=True, help="the .tar.gz as published")
+    p.add_argument("--labels", choices=("fine", "coarse"), default="fine",
+                   help="CIFAR-100: which label becomes y (CIFAR-10 has one)")
     return parser
 
 
@@ -264,6 +272,8 @@ def make_sources(args: argparse.Namespace) -> list[src.Source]:
             raise src.SourceError(f"--val-samples must be non-negative, got {args.val_samples}")
         return src.synthetic(args.samples, src.parse_shape(args.shape), args.dtype,
                              args.classes, args.seed, args.val_samples)
+    if args.source == "cifar":
+        return cifar.cifar(args.archive, args.labels)
     check_name("--split", args.split)
     return src.arrays(args.x_path, args.y_path, args.x_key, args.y_key or None, args.split)
 

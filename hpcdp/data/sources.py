@@ -46,6 +46,8 @@ class Source:
     dtype: np.dtype
     has_labels: bool
     params: dict[str, Any] = field(default_factory=dict)
+    #: More root attributes of the written file (class names, channel statistics).
+    attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sample_bytes(self) -> int:

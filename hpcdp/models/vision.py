@@ -1,4 +1,4 @@
-"""The networks hpcdp trains: a small CNN for 8x8 digits and a compact ResNet-18/50.
+"""The networks hpcdp trains: CNNs for 8x8 digits and small colour images, ResNet-18/50.
 
 torchvision does not import beside the CPU build of PyTorch used here, so the
 package carries its own ResNet (He et al. 2016), with a CIFAR-style stem for
@@ -36,6 +36,30 @@ class DigitsCNN(nn.Module):
             nn.Flatten(), nn.Linear(flat, 4 * width), nn.ReLU(inplace=True),
             nn.Linear(4 * width, num_classes),
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class SmallCNN(nn.Module):
+    """Three stages of two 3x3 convolutions with batch norm, each halving the size, then
+    global average pooling and one linear layer: a quick convnet for small colour images
+    (about 0.3 M parameters at width 32), any size of at least 8x8."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 32) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = in_channels
+        for i in range(3):
+            w = width * 2**i
+            for _ in range(2):
+                layers += [nn.Conv2d(cin, w, 3, padding=1, bias=False), nn.BatchNorm2d(w),
+                           nn.ReLU(inplace=True)]
+                cin = w
+            layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(cin, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -134,6 +158,14 @@ def _digits(in_channels: int, num_classes: int, width: int, cifar_stem: bool,
     return DigitsCNN(in_channels, num_classes, width or 16, image_size)
 
 
+def _small(in_channels: int, num_classes: int, width: int, cifar_stem: bool,
+           image_size: int) -> nn.Module:
+    if image_size < 8:
+        raise ModelError(f"small_cnn halves the image three times: needs at least 8x8, got "
+                         f"{image_size}x{image_size}")
+    return SmallCNN(in_channels, num_classes, width or 32)
+
+
 def _resnet(block: type[BasicBlock] | type[Bottleneck], depths: Sequence[int]) -> Builder:
     def build(in_channels: int, num_classes: int, width: int, cifar_stem: bool,
               image_size: int) -> nn.Module:
@@ -143,6 +175,7 @@ def _resnet(block: type[BasicBlock] | type[Bottleneck], depths: Sequence[int]) -
 
 MODELS: dict[str, Builder] = {
     "digits_cnn": _digits,
+    "small_cnn": _small,
     "resnet18": _resnet(BasicBlock, (2, 2, 2, 2)),
     "resnet50": _resnet(Bottleneck, (3, 4, 6, 3)),
 }

@@ -37,7 +37,10 @@ Optional:
 - `derive(values)`: metrics computed from the reduced ones (perplexity from the
   mean loss: never a mean of per-rank values), for training windows and validation;
 - `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
-  samples/s over all `ranks` (tokens/s, MFU), for the log lines and summary.json.
+  samples/s over all `ranks` (tokens/s, MFU), for the log lines and summary.json;
+- `sample_keys(cfg)`: True when the training batches should also carry each
+  sample's (epoch, global index) as a last item (`hpcdp.data.keyed`), for
+  augmentation keyed by the sample; validation batches never do.
 """
 
 from __future__ import annotations
@@ -95,6 +98,10 @@ def _nothing(values: Mapping[str, Any]) -> dict[str, float]:
     return {}
 
 
+def _never(cfg: Config) -> bool:
+    return False
+
+
 def _no_rates(cfg: Config, model: torch.nn.Module, samples_per_s: float, ranks: int,
               device: torch.device) -> dict[str, float]:
     return {}
@@ -122,6 +129,7 @@ class Task:
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
                     dict[str, float]] = _no_rates
+    sample_keys: Callable[[Config], bool] = _never
 
     def check_model(self, name: str) -> None:
         """Raise ConfigError naming the choices when the task has no model `name`."""

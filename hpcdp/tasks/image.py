@@ -1,23 +1,34 @@
-"""Image classification: digits CNN and ResNet-18/50 on samples-first image arrays.
+"""Image classification: digits CNN, a small convnet and ResNet-18/50 on samples-first images.
 
 Reads `image.x_name` (images, any numeric dtype, shaped (C, H, W)) and
 `image.y_name` (integer class labels). Integer images are divided by
-`image.scale`, then normalised by `image.mean` / `image.std`. Loss: cross
-entropy; metrics: loss and accuracy, both means over samples.
+`image.scale`; training batches are then augmented when `image.augment` says
+so (keyed by run.seed, epoch and sample: `hpcdp.data.images.augment`), and
+every batch is normalised by `image.mean` / `image.std`, or with
+``image.normalize = "file"`` by the per-channel mean and std the training file
+stores. Loss: cross entropy; metrics: loss and accuracy, both means over samples.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import h5py
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_empty, not_negative
+from hpcdp.data.images.augment import augment
+from hpcdp.data.reader import ReaderError
 from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
+
+Normalizer = tuple[Any, Any]
 
 
 @dataclass
@@ -32,20 +43,35 @@ class ImageConfig:
     num_classes: int = 10  # outputs of the classifier
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
+    # training batches only, keyed by (run.seed, epoch, sample): none | crop_flip (zero-pad,
+    # random crop, left-right flip: small images) | resized_crop_flip (random-resized crop
+    # and flip: ImageNet style); docs/data-images.md
+    augment: str = "none"
+    crop_padding: int = 4  # crop_flip: zero pixels added on each side before the crop
+    # resized_crop_flip: range of the box's area, as a fraction of the image's
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    # scalar: image.mean / image.std for every channel; file: the per-channel mean and std
+    # stored in the training file (datasets/images.py, datasets/cifar.py)
+    normalize: str = "scalar"
 
 
 def check(cfg: Config) -> None:
     c = cfg.image
     at_least_one({"image.num_classes": c.num_classes})
-    not_negative({"image.width": c.width})
+    not_negative({"image.width": c.width, "image.crop_padding": c.crop_padding})
     if c.scale <= 0 or c.std <= 0:
         raise ConfigError("image.scale and image.std must be positive")
     not_empty({"image.x_name": c.x_name, "image.y_name": c.y_name})
+    if len(c.crop_scale) != 2 or not 0 < c.crop_scale[0] <= c.crop_scale[1] <= 1:
+        raise ConfigError(f"image.crop_scale={c.crop_scale}: expected [low, high] with "
+                          "0 < low <= high <= 1")
 
 
 #: Keys that were the shared sections' before the task had its own.
 MOVED = {**{f"data.{k}": k for k in ("x_name", "y_name", "scale", "mean", "std")},
          **{f"model.{k}": k for k in ("num_classes", "width", "cifar_stem")}}
+CHOICES = {"augment": ("none", "crop_flip", "resized_crop_flip"),
+           "normalize": ("scalar", "file")}
 
 
 def datasets(cfg: Config) -> Sequence[Dataset]:
@@ -57,23 +83,76 @@ def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
     return build_model(cfg.model.name, sample_shape, c.num_classes, c.width, c.cifar_stem)
 
 
-def to_input(x: torch.Tensor, cfg: Config, device: torch.device) -> torch.Tensor:
-    """Stored dtype -> float on the device; integer inputs are scaled to [0, 1] first."""
+def sample_keys(cfg: Config) -> bool:
+    """Augmentation needs each training sample's (epoch, index)."""
+    return cfg.image.augment != "none"
+
+
+@functools.lru_cache(maxsize=8)
+def file_stats(path: str, x_name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The per-channel mean and std a prepared file stores (on the 0..1 scale)."""
+    with h5py.File(path, "r") as f:
+        if "mean" not in f.attrs or "std" not in f.attrs:
+            raise ReaderError(f"{path}: image.normalize='file' needs the per-channel 'mean' "
+                              "and 'std' attributes (written by datasets/images.py and "
+                              "datasets/cifar.py); this file has none")
+        mean = tuple(float(v) for v in np.atleast_1d(f.attrs["mean"]))
+        std = tuple(float(v) for v in np.atleast_1d(f.attrs["std"]))
+        channels = f[x_name].shape[1] if x_name in f and f[x_name].ndim == 4 else None
+    if channels is not None and not len(mean) == len(std) == channels:
+        raise ReaderError(f"{path}: 'mean'/'std' hold {len(mean)}/{len(std)} values for "
+                          f"{channels} channels")
+    if any(not s > 0 for s in std):
+        raise ReaderError(f"{path}: the stored std {list(std)} must be positive")
+    return mean, std
+
+
+def check_file(cfg: Config, path: Path) -> None:
+    if cfg.image.normalize == "file":
+        file_stats(str(path), cfg.image.x_name)
+
+
+@functools.lru_cache(maxsize=8)
+def _stats_on(path: str, x_name: str, device: torch.device) -> Normalizer:
+    mean, std = file_stats(path, x_name)
+    return (torch.tensor(mean, device=device).view(1, -1, 1, 1),
+            torch.tensor(std, device=device).view(1, -1, 1, 1))
+
+
+def normalizer(cfg: Config, device: torch.device) -> Normalizer | None:
+    """(mean, std) to apply after scaling, or None when they change nothing."""
+    c = cfg.image
+    if c.normalize == "file":
+        return _stats_on(str(Path(cfg.data.path) / cfg.data.train_file), c.x_name, device)
+    if c.mean != 0.0 or c.std != 1.0:
+        return c.mean, c.std
+    return None
+
+
+def to_input(x: torch.Tensor, cfg: Config, device: torch.device,
+             keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Stored dtype -> float on the device; integer inputs are scaled to [0, 1] first, then
+    augmented (training batches with `keys`) and normalised."""
     integer = not torch.is_floating_point(x)
+    norm = normalizer(cfg, device)
     # One new tensor, then in-place arithmetic on it (the batch the reader handed over
     # is never written to).
-    x = x.to(device, torch.float32, non_blocking=True,
-             copy=cfg.image.mean != 0.0 or cfg.image.std != 1.0)
+    x = x.to(device, torch.float32, non_blocking=True, copy=norm is not None)
     if integer:
         x.div_(cfg.image.scale)
-    if cfg.image.mean != 0.0 or cfg.image.std != 1.0:
-        x.sub_(cfg.image.mean).div_(cfg.image.std)
+    if keys is not None:
+        c = cfg.image
+        x = augment(x, keys, c.augment, cfg.run.seed, c.crop_padding,
+                    (c.crop_scale[0], c.crop_scale[1]))
+    if norm is not None:
+        x.sub_(norm[0]).div_(norm[1])
     return x
 
 
 def prepare(batch: Any, cfg: Config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = batch
-    return to_input(x, cfg, device), y.to(device, non_blocking=True)
+    """(x, y) from validation, or (x, y, keys) from training with augmentation on."""
+    x, y, *keys = batch
+    return to_input(x, cfg, device, keys[0] if keys else None), y.to(device, non_blocking=True)
 
 
 def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -97,5 +176,7 @@ TASK = Task(
     measure=measure,
     metrics=(Metric("loss", "mean"), Metric("acc", "mean")),
     optimizers=default_optimizers,
-    section=TaskSection("image", ImageConfig, check, moved=MOVED),
+    check_file=check_file,
+    sample_keys=sample_keys,
+    section=TaskSection("image", ImageConfig, check, choices=CHOICES, moved=MOVED),
 )

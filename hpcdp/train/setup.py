@@ -147,6 +147,7 @@ def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
 def readers(cfg: Config, task: Task, rank: int, size: int,
             device: torch.device) -> tuple[TrainingReader, ValidationReader, int]:
     """The training reader (shuffled, equal steps) and the validation reader (every sample)."""
+    from hpcdp.data.keyed import SampleKeys
     from hpcdp.data.slices import SliceReader
 
     batch = per_rank_batch(cfg, size)
@@ -169,6 +170,8 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
         if task.check_file is not None:  # the values themselves, before any collective
             task.check_file(cfg, path)
     train_reader = training_reader(cfg, train_path, names, batch, rank, size, device)
+    if task.sample_keys(cfg):  # batches also carry (epoch, sample index): keyed augmentation
+        train_reader = SampleKeys(train_reader)
     val_reader = SliceReader(val_path, names, batch_size=cfg.data.val_batch_size or batch,
                              rank=rank, world_size=size)
     _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py

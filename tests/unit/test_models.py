@@ -15,6 +15,14 @@ def test_digits_cnn_output_and_no_batchnorm() -> None:
     assert not any(isinstance(x, nn.BatchNorm2d) for x in net.modules())
 
 
+@pytest.mark.parametrize("size", [8, 20, 32])
+def test_small_cnn_takes_any_size_from_8(size: int) -> None:
+    net = m.build_model("small_cnn", (3, size, size), 5, width=8)
+    assert net(torch.rand(2, 3, size, size)).shape == (2, 5)
+    with pytest.raises(m.ModelError, match="at least 8x8"):
+        m.build_model("small_cnn", (3, 6, 6), 5)
+
+
 def test_resnet18_standard_size() -> None:
     net = m.build_model("resnet18", (3, 224, 224), 1000)
     # torchvision's ResNet-18 has 11,689,512 parameters; ours has the same layout.
