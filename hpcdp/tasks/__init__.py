@@ -29,6 +29,8 @@ Optional:
   has the ShardedReader's shape (set_epoch, iteration, len, steps_per_epoch,
   sample_shape, state_dict/load_state_dict); the validation one is iterable
   afresh for each validation, this rank's share of every sample once;
+- `validation_reader(cfg, path, rank, size, batch)`: with `readers`, the validation
+  batches of any file of the task's format alone (`hpcdp eval`);
 - `derive(values)`: metrics computed from the reduced ones (perplexity from the
   mean loss: never a mean of per-rank values), for training windows and validation;
 - `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
@@ -112,6 +114,7 @@ class Task:
     check_file: Callable[[Config, Path], None] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     readers: Callable[[Config, int, int, int, torch.device], tuple[Any, Any]] | None = None
+    validation_reader: Callable[[Config, Path, int, int, int], Any] | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
                     dict[str, float]] = _no_rates

@@ -69,15 +69,23 @@ def readers(cfg: Config, rank: int, size: int, batch: int,
         world_size=size, seed=cfg.run.seed, window_samples=cfg.data.window_samples or None,
         virtual_shards=cfg.data.virtual_shards or None, prefetch=cfg.data.prefetch,
         tokenizer_sha256=sha)
-    # One window per rank at least (batch 1 here); validation batches are val_batch_size.
-    val = TokenReader(root / cfg.data.val_file, seq_len=cfg.lm.seq_len, batch_size=1,
-                      rank=rank, world_size=size, prefetch=0, tokenizer_sha256=sha)
-    if val.vocab_size != train.vocab_size:
+    val = validation_reader(cfg, root / cfg.data.val_file, rank, size, batch)
+    if val.reader.vocab_size != train.vocab_size:
         from hpcdp.data.tokens.reader import TokenReaderError
 
-        raise TokenReaderError(f"{val.path}: vocabulary {val.vocab_size}, but {train.path} "
-                               f"has {train.vocab_size}")
-    return train, Validation(val, cfg.data.val_batch_size or batch)
+        raise TokenReaderError(f"{val.reader.path}: vocabulary {val.reader.vocab_size}, but "
+                               f"{train.path} has {train.vocab_size}")
+    return train, val
+
+
+def validation_reader(cfg: Config, path: Path, rank: int, size: int, batch: int) -> Validation:
+    """Every window of the token file `path` once over the ranks, val_batch_size at a time."""
+    from hpcdp.data.tokens.reader import TokenReader
+
+    # One window per rank at least (batch 1 here); validation batches are val_batch_size.
+    val = TokenReader(path, seq_len=cfg.lm.seq_len, batch_size=1, rank=rank, world_size=size,
+                      prefetch=0, tokenizer_sha256=cfg.lm.tokenizer_sha256 or None)
+    return Validation(val, cfg.data.val_batch_size or batch)
 
 
 def prepare(batch: Any, cfg: Config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,6 +159,7 @@ TASK = Task(
         "schedule": {"kind": "cosine", "min_factor": 0.1},
     },
     readers=readers,
+    validation_reader=validation_reader,
     derive=derive,
     rates=rates,
 )
