@@ -47,7 +47,10 @@ def data_attrs(config: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with h5py.File(path, "r") as f:
             attrs = {k: plain(v) for k, v in f.attrs.items()}
-            y = (config.get("image") or {}).get("y_name", "y")
+            x, y = ((config.get("image") or {}).get(k, d) for k, d in (("x_name", "x"),
+                                                                       ("y_name", "y")))
+            if x in f and f[x].ndim == 4:  # (N, C, H, W) images
+                attrs["_sample_shape"] = list(f[x].shape[1:])
             if y in f and "class_names" in f[y].attrs:
                 attrs.setdefault("class_names", plain(f[y].attrs["class_names"]))
     except OSError:
@@ -59,11 +62,14 @@ def data_attrs(config: Mapping[str, Any]) -> dict[str, Any]:
 def image_schema(spec: Mapping[str, Any], config: Mapping[str, Any],
                  attrs: Mapping[str, Any]) -> dict[str, Any]:
     image = config.get("image") or {}
+    size = spec["image_size"]
+    if size is None and attrs.get("_sample_shape"):  # a ResNet: the size it was trained at
+        size = int(attrs["_sample_shape"][-1])
     names = attrs.get("class_names")
     if names is not None and len(names) != spec["num_classes"]:
         names = None  # a file that does not describe this model's outputs
     return {"layout": "NCHW", "dtype": "float32", "channels": spec["in_channels"],
-            "image_size": spec["image_size"], "scale": float(image.get("scale", 255.0)),
+            "image_size": size, "scale": float(image.get("scale", 255.0)),
             "mean": float(image.get("mean", 0.0)), "std": float(image.get("std", 1.0)),
             "num_classes": spec["num_classes"], "class_names": names,
             "transform": "integer pixels / scale, then (x - mean) / std"}

@@ -130,6 +130,11 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor], source: 
     """Put `tensors` into `model`: every key present, no extra one, each shape and dtype right."""
     tied = aliases(model)
     own = {k: v for k, v in model.state_dict().items() if k not in tied}
+    for key, shared in tied.items():  # a checkpoint's state dict names tied weights twice
+        if key in tensors and shared in tensors:
+            if not torch.equal(tensors[key], tensors[shared]):
+                raise SpecError(f"{source}: {key} must equal {shared} (tied), but differs")
+            tensors = {k: v for k, v in tensors.items() if k != key}
     missing = sorted(set(own) - set(tensors))
     extra = sorted(set(tensors) - set(own))
     if missing or extra:
