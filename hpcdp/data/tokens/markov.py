@@ -135,3 +135,17 @@ def stream_nll(chain: MarkovChain, tokens: np.ndarray) -> float:
     under the true chain: what a perfect model scores on this stream."""
     p = transition_matrix(chain)
     return float(-np.log(p[tokens[:-1], tokens[1:]]).mean())
+
+
+def conditional_entropy(tokens: np.ndarray, vocab_size: int) -> float:
+    """Plug-in estimate, nats, of the entropy of a token given the one before it, from the
+    pair counts of a stream: what a stream says about its chain without knowing the chain
+    (a model's samples against its validation file, scripts/check-markov-sampling.py).
+    Low by about (pairs seen - tokens seen) / (2 x pairs) nats: the plug-in bias."""
+    t = np.asarray(tokens, dtype=np.int64)
+    pairs = np.bincount(t[:-1] * vocab_size + t[1:], minlength=vocab_size * vocab_size)
+    counts = pairs.reshape(vocab_size, vocab_size).astype(np.float64)
+    given = counts.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(counts > 0, counts * np.log(given / counts), 0.0)
+    return float(terms.sum() / counts.sum())
