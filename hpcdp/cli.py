@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("hpcdp.export.command",
                "write a trained model as model.safetensors + config.json (+ tokenizer)"),
     "generate": ("hpcdp.export.generate", "sample text or token ids from a trained GPT"),
+    "predict": ("hpcdp.export.predict", "top classes of image files under an exported model"),
     "checkpoint": ("hpcdp.train.checkpoint_files",
                    "convert a checkpoint from before safe loading, once"),
 }
