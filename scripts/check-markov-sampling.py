@@ -19,6 +19,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import torch
 
 from hpcdp.data.tokens.markov import conditional_entropy
 from hpcdp.export.generate import open_model
@@ -34,6 +35,7 @@ def main() -> int:
     p.add_argument("--margin", type=float, default=0.05)
     args = p.parse_args()
     net, config, _ = open_model(args.source)
+    torch.set_num_threads(1)  # a token at a time: threads only wait for each other
     vocab, eod = net.cfg.vocab_size, config["tokenizer"]["eod_id"]
     start = time.perf_counter()
     got = generate(net, [eod], args.tokens, temperature=1.0, top_k=0, seed=args.seed)

@@ -12,6 +12,7 @@ Markov demo's symbols). Sampling: hpcdp.export.sample.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     if any(not 0 <= t < vocab for t in prompt):
         raise text.TextError(f"the prompt holds ids outside the vocabulary 0..{vocab - 1}")
     net = net.to(args.device)
+    if net.cfg.width <= 1024 and "OMP_NUM_THREADS" not in os.environ:
+        # One token at a time of a small model is too little work to split over threads:
+        # on a busy node the threads' waits cost 30x a single thread's time.
+        torch.set_num_threads(1)
     got = generate(net, prompt, args.tokens, args.temperature, args.top_k, args.seed,
                    cache=not args.no_cache)
     if len(prompt) > got.context:
