@@ -26,6 +26,22 @@ from hpcdp.export.generate import open_model
 from hpcdp.export.sample import generate
 
 
+def own_scores(net: torch.nn.Module, stream: np.ndarray) -> tuple[float, float]:
+    """(mean -log p_model of each sampled token, mean entropy of the model's prediction at
+    each position) over `stream` after its first token, in windows of the model's context
+    that overlap by one token. Sampling without bias makes the two equal, up to noise."""
+    window, nll, entropy, count = net.cfg.seq_len, 0.0, 0.0, 0
+    ids = torch.from_numpy(stream.astype(np.int64))
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = ids[start:start + window + 1]
+            logp = torch.log_softmax(net(chunk[None, :-1])[0].double(), dim=-1)
+            nll -= float(logp.gather(1, chunk[1:, None]).sum())
+            entropy -= float((logp.exp() * logp).sum())
+            count += len(chunk) - 1
+    return nll / count, entropy / count
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path, help="run folder, checkpoint or export folder")
@@ -43,11 +59,17 @@ def main() -> int:
     with h5py.File(args.val, "r") as f:
         val = f["tokens"][:]
         rate = float(f.attrs.get("entropy_rate_nats", float("nan")))
-    sampled = conditional_entropy(np.asarray([eod, *got.ids]), vocab)
+    stream = np.asarray([eod, *got.ids])
+    sampled = conditional_entropy(stream, vocab)
+    nll, predicted = own_scores(net, stream)
+    fixed = conditional_entropy(stream, vocab, corrected=True)
     reference = conditional_entropy(val, vocab)
     gap = sampled - reference
     print(f"sampled     {sampled:.4f} nats (H(next | previous), {len(got.ids)} tokens, "
           f"seed {args.seed}, {secs:.1f}s, window slid from token {got.slid_at})")
+    print(f"  corrected {fixed:.4f} nats (Miller-Madow: plus the plug-in bias of rare pairs)")
+    print(f"model       {nll:.4f} nats: its loss on its samples; {predicted:.4f} nats: the mean "
+          "entropy of its predictions there (equal when sampling is unbiased)")
     print(f"validation  {reference:.4f} nats ({len(val)} tokens of {args.val})")
     print(f"chain       {rate:.4f} nats (entropy rate recorded in the file)")
     print(f"gap         {gap:+.4f} (target |gap| <= {args.margin})")

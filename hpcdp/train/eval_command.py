@@ -89,7 +89,8 @@ def parse(argv: list[str] | None) -> Request:
 
 
 def eval_batch(cfg: Config, size: int) -> int:
-    """Per rank: as training validated (val_batch_size, else its per-rank batch)."""
+    """The per-rank batch training had; data.val_batch_size, where set, comes first
+    (setup.validation_reader), so the batches are those of the run's validation."""
     g = cfg.data.global_batch_size
     return max(1, g // size) if g else cfg.data.batch_size
 

@@ -78,3 +78,12 @@ def test_conditional_entropy_of_streams_with_known_answers() -> None:
     stream = np.concatenate(mk.sample_documents(chain, 0, 0, 0, 3000))
     assert mk.conditional_entropy(stream, chain.vocab_size) == pytest.approx(
         mk.entropy_rate(chain), abs=0.01)
+
+
+def test_the_corrected_estimate_removes_the_plug_in_bias() -> None:
+    rng = np.random.default_rng(1)
+    coin = rng.integers(0, 8, 400)  # uniform over 8: few samples per pair, plug-in low
+    plain = mk.conditional_entropy(coin, 8)
+    fixed = mk.conditional_entropy(coin, 8, corrected=True)
+    assert plain < np.log(8) - 0.05
+    assert abs(fixed - np.log(8)) < abs(plain - np.log(8)) / 3
