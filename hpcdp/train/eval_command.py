@@ -76,10 +76,8 @@ def parse(argv: list[str] | None) -> Request:
     args = parse_args(p, argv)
     if args.config is None and args.run is None:
         raise ConfigError("give --config, --run, or both")
-    config = args.config if args.config is not None else args.run / "config.toml"
-    if args.config is None:
-        run_config(args.run)  # a clear error when the folder is no run folder
-    cfg = cfgmod.build(config, args.overrides, tasks.defaults)
+    cfg = (cfgmod.build(args.config, args.overrides, tasks.defaults) if args.config
+           else run_config(args.run, args.overrides))
     trust = ckpt.Trust(cfg.checkpoint.allow_group_write, cfg.checkpoint.strict_permissions)
     source = args.checkpoint or args.run or cfg.checkpoint_dir
     path = checkpoint_of(Path(source), trust)

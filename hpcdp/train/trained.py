@@ -9,6 +9,7 @@ weights), so neither the training data nor its folder is needed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,13 @@ class Trained:
         return dict(self.state.get("config") or {})
 
 
-def run_config(run_dir: Path) -> Config:
-    """The effective config a run wrote (run_dir/config.toml)."""
+def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
+    """The effective config a run wrote (run_dir/config.toml), with `overrides`."""
     path = run_dir / "config.toml"
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no config.toml: not a run folder (or the run never "
                           "started); name a checkpoint file instead")
-    return cfgmod.build(path, [], tasks.defaults)
+    return cfgmod.build(path, overrides, tasks.defaults)
 
 
 def checkpoint_of(source: Path, trust: ckpt.Trust) -> Path:
