@@ -13,11 +13,14 @@ run's training file when it is still there, else left null and said.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from hpcdp import __version__
 from hpcdp.config import ConfigError
@@ -65,14 +68,41 @@ def image_schema(spec: Mapping[str, Any], config: Mapping[str, Any],
     size = spec["image_size"]
     if size is None and attrs.get("_sample_shape"):  # a ResNet: the size it was trained at
         size = int(attrs["_sample_shape"][-1])
-    names = attrs.get("class_names")
+    names = class_names(attrs)
     if names is not None and len(names) != spec["num_classes"]:
         names = None  # a file that does not describe this model's outputs
+    mean, std = normalisation(image, attrs)
     return {"layout": "NCHW", "dtype": "float32", "channels": spec["in_channels"],
             "image_size": size, "scale": float(image.get("scale", 255.0)),
-            "mean": float(image.get("mean", 0.0)), "std": float(image.get("std", 1.0)),
-            "num_classes": spec["num_classes"], "class_names": names,
-            "transform": "integer pixels / scale, then (x - mean) / std"}
+            "mean": mean, "std": std, "num_classes": spec["num_classes"],
+            "class_names": names, "transform": "integer pixels / scale, then (x - mean) / "
+            "std (a list: per channel)"}
+
+
+def class_names(attrs: Mapping[str, Any]) -> list[str] | None:
+    """The image recipes' class names: "classes" (a JSON list) or "class_names"."""
+    names = attrs.get("classes", attrs.get("class_names"))
+    if isinstance(names, str):
+        try:
+            names = json.loads(names)
+        except ValueError:
+            return None
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
+def normalisation(image: Mapping[str, Any], attrs: Mapping[str, Any]
+                  ) -> tuple[float | list[float], float | list[float]]:
+    """(mean, std) the run normalised by: the config's scalars, or with image.normalize =
+    "file" the training file's per-channel statistics (which must then be readable)."""
+    if image.get("normalize", "scalar") != "file":
+        return float(image.get("mean", 0.0)), float(image.get("std", 1.0))
+    if "mean" not in attrs or "std" not in attrs:
+        raise bundle.ExportError(
+            "the run normalised images by its training file's per-channel mean and std "
+            "(image.normalize='file'), but that file is not readable at data.path: export "
+            "where the training data is, so that config.json gets the right normalisation")
+    mean, std = (np.atleast_1d(np.asarray(attrs[k], np.float64)).tolist() for k in ("mean", "std"))
+    return mean, std
 
 
 def lm_schema(spec: Mapping[str, Any], config: Mapping[str, Any],

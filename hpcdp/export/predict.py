@@ -69,7 +69,9 @@ def read_image(path: Path, size: int, channels: int) -> np.ndarray:
 def normalise(batch: np.ndarray, schema: dict[str, Any]) -> torch.Tensor:
     """uint8 (N, C, S, S) -> the float inputs training fed (hpcdp.tasks.image.to_input)."""
     x = torch.from_numpy(batch).float() / schema["scale"]
-    return (x - schema["mean"]) / schema["std"]
+    mean, std = (torch.tensor(schema[k], dtype=torch.float32).reshape(-1, 1, 1)
+                 for k in ("mean", "std"))  # a scalar, or one value per channel
+    return (x - mean) / std
 
 
 def image_files(paths: Sequence[Path]) -> list[Path]:

@@ -10,8 +10,9 @@ import torch
 from PIL import Image
 
 from hpcdp.export import bundle
+from hpcdp.export.command import class_names, normalisation
 from hpcdp.export.load import load
-from hpcdp.export.predict import main, predict, read_image, resize_center_crop
+from hpcdp.export.predict import main, normalise, predict, read_image, resize_center_crop
 from hpcdp.models import spec as specs
 
 SPEC = {"name": "digits_cnn", "in_channels": 1, "num_classes": 3, "width": 4,
@@ -65,3 +66,17 @@ def test_a_file_that_is_no_image_is_named(export_dir: Path, tmp_path: Path, caps
     bad.write_text("not an image")
     assert main([str(export_dir), str(bad)]) == 2
     assert "notes.png: cannot be read as an image" in capsys.readouterr().err
+
+
+def test_the_image_recipes_class_names_and_per_channel_statistics() -> None:
+    assert class_names({"classes": '["cat", "dog"]'}) == ["cat", "dog"]
+    assert class_names({"class_names": ["a", "b"]}) == ["a", "b"]
+    assert class_names({}) is None
+    assert normalisation({"mean": 0.5, "std": 0.25}, {}) == (0.5, 0.25)
+    stats = {"mean": np.array([0.4, 0.5, 0.6]), "std": np.array([0.2, 0.25, 0.3])}
+    assert normalisation({"normalize": "file"}, stats) == ([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])
+    with pytest.raises(bundle.ExportError, match="image.normalize='file'"):
+        normalisation({"normalize": "file"}, {})
+    x = np.full((1, 3, 2, 2), 255, np.uint8)
+    got = normalise(x, {"scale": 255.0, "mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]})
+    assert torch.allclose(got[0, :, 0, 0], torch.tensor([3.0, 2.0, 4.0 / 3]))
