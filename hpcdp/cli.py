@@ -20,6 +20,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "render or submit a Slurm batch script; sweeps, chains, job status"),
     "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
+    "eval": ("hpcdp.train.eval_command",
+             "score a checkpoint on a dataset (1 or N ranks, like training); eval.json"),
+    "export": ("hpcdp.export.command",
+               "write a trained model as model.safetensors + config.json (+ tokenizer)"),
+    "generate": ("hpcdp.export.generate", "sample text or token ids from a trained GPT"),
+    "predict": ("hpcdp.export.predict", "top classes of image files under an exported model"),
     "checkpoint": ("hpcdp.train.checkpoint_files",
                    "convert a checkpoint from before safe loading, once"),
 }

@@ -39,6 +39,11 @@ print(f"  throughput           {s['tokens_per_s']:.0f} tokens/s on {s['world_siz
 print(f"  steps, epochs        {s['steps']}, {s['epochs']} (training job took {secs}s)")
 print(f"  run folder           {s['run_dir']}")
 print(f"  checkpoint           {s['checkpoint']}")
+run = s["run_dir"]
+print("next (docs/using-a-model.md):")
+print(f"  hpcdp generate {run} --tokens 200 --seed 1 --ids --out sample.npy   # sample the chain")
+print(f"  python scripts/check-markov-sampling.py {run} {val_file}   # samples vs the chain")
+print(f"  hpcdp export {run} --out {run}/model        # model.safetensors + config.json")
 if gap > margin:
     print(f"demo-lm: FAILED: validation loss {s['val_loss']:.4f} is more than {margin} above "
           f"the entropy rate {floor:.4f}", file=sys.stderr)

@@ -39,6 +39,10 @@ print(f"  baseline_auc  {baseline:.4f}  (lift {auc - baseline:.4f}; target >= 0.
 print(f"  throughput    {s['samples_per_s']:.0f} samples/s on {s['world_size']} ranks, "
       f"{s['steps']} steps (training job took {secs}s)")
 print(f"  run folder    {s['run_dir']}")
+run = s["run_dir"]
+print("next (docs/using-a-model.md):")
+print(f"  hpcdp eval --run {run}                      # score the checkpoint again (any file: --file)")
+print(f"  hpcdp export {run} --out {run}/model        # model.safetensors + config.json")
 if auc < oracle - 0.02 or auc < baseline + 0.05:
     print("demo-recsys: FAILED: val_auc misses a target", file=sys.stderr)
     sys.exit(1)

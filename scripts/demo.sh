@@ -33,6 +33,11 @@ print(f"  run folder           {s['run_dir']}")
 print(f"  checkpoint           {s['checkpoint']}")
 print(f"  metrics (JSONL)      {s['metrics']}")
 print(f"  TensorBoard events   {s['tensorboard']}  (tensorboard --logdir {s['tensorboard']})")
+run = s["run_dir"]
+print("next (docs/using-a-model.md):")
+print(f"  hpcdp eval --run {run}                      # score the checkpoint again (any file: --file)")
+print(f"  hpcdp export {run} --out {run}/model        # model.safetensors + config.json")
+print(f"  hpcdp predict {run}/model IMAGE...          # top classes of image files")
 if s["val_acc"] < min_acc:
     print(f"demo: FAILED: validation accuracy {s['val_acc']:.4f} < {min_acc}", file=sys.stderr)
     sys.exit(1)

@@ -68,6 +68,14 @@ class DLRM(nn.Module):
         return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)
 
 
+class ClickModel(DLRM):
+    """DLRM taking its inputs as one value, (dense, sparse), as the trainer passes it."""
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        dense, sparse = inputs
+        return super().forward(dense, sparse)
+
+
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of click logits against 0/1 labels (any dtype)."""
     return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))

@@ -70,6 +70,29 @@ class CausalSelfAttention(nn.Module):
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
+    def forward_cached(self, x: torch.Tensor, past: KV | None) -> tuple[torch.Tensor, KV]:
+        """Inference on `t` new positions after the cached keys and values `past`.
+
+        Returns the output and the cache extended by the new positions. Not used in
+        training: `forward` stays as it is, so training numerics do not depend on this.
+        """
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        seen = k.shape[2] - t  # cached positions before the new ones
+        if seen == 0 or t == 1:  # all earlier keys are visible to a single new query
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=seen == 0)
+        else:  # new query i sees the cache and new keys 0..i
+            visible = torch.ones(t, seen + t, dtype=torch.bool, device=x.device).tril(seen)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c)), (k, v)
+
+
+#: One layer's cached keys and values, each (batch, heads, positions, width / heads).
+KV = tuple[torch.Tensor, torch.Tensor]
+
 
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
@@ -84,6 +107,12 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x)))
         return x + self.drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+
+    def forward_cached(self, x: torch.Tensor, past: KV | None) -> tuple[torch.Tensor, KV]:
+        """`forward` for inference (no dropout) with attention's KV cache."""
+        a, kv = self.attn.forward_cached(self.ln1(x), past)
+        x = x + a
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), kv
 
 
 class GPT(nn.Module):
@@ -125,6 +154,29 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+    def forward_cached(self, idx: torch.Tensor, cache: list[KV] | None = None
+                       ) -> tuple[torch.Tensor, list[KV]]:
+        """Logits of the new tokens `idx` (batch, t) that follow the positions in `cache`
+        (one KV per block, from an earlier call; None: none), and the extended cache.
+
+        For sampling in eval mode: the same function of the tokens as `forward` (up to
+        float rounding), each position computed once. Positions are absolute (learned
+        embeddings), so the cache cannot go past seq_len: a longer text needs a new
+        window (hpcdp.export.sample).
+        """
+        seen = 0 if cache is None else cache[0][0].shape[2]
+        t = idx.shape[1]
+        if seen + t > self.cfg.seq_len:
+            raise ValueError(f"{seen} cached + {t} new tokens exceed the model's seq_len "
+                             f"{self.cfg.seq_len}")
+        pos = torch.arange(seen, seen + t, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        out: list[KV] = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block.forward_cached(x, None if cache is None else cache[i])
+            out.append(kv)
+        return self.head(self.ln_f(x)), out
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

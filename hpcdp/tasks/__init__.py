@@ -34,6 +34,8 @@ Optional:
   steps_per_epoch, state_dict/load_state_dict; `sample_shape` where it has one),
   built from `read_options(cfg, batch, rank, size)`, and a `ValidationReader`,
   iterable afresh for each validation, this rank's share of every sample once;
+- `validation_reader(cfg, path, rank, size, batch)`: with `readers`, the validation
+  batches of any file of the task's format alone (`hpcdp eval`);
 - `derive(values)`: metrics computed from the reduced ones (perplexity from the
   mean loss: never a mean of per-rank values), for training windows and validation;
 - `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
@@ -126,6 +128,7 @@ class Task:
     section: TaskSection | None = None
     readers: Callable[[Config, int, int, int, torch.device],
                       tuple[TrainingReader, ValidationReader]] | None = None
+    validation_reader: Callable[[Config, Path, int, int, int], ValidationReader] | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, float]] = _nothing
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
                     dict[str, float]] = _no_rates

@@ -97,16 +97,23 @@ def readers(cfg: Config, rank: int, size: int, batch: int,
     root = Path(cfg.data.path)
     train = TokenReader(root / cfg.data.train_file, read_options(cfg, batch, rank, size),
                         seq_len=cfg.lm.seq_len, tokenizer_sha256=sha)
-    # One window per rank at least (batch 1 here); validation batches are val_batch_size.
-    val = TokenReader(root / cfg.data.val_file,
-                      ReadOptions(batch_size=1, rank=rank, world_size=size, prefetch=0),
-                      seq_len=cfg.lm.seq_len, tokenizer_sha256=sha)
-    if val.vocab_size != train.vocab_size:
+    val = validation_reader(cfg, root / cfg.data.val_file, rank, size, batch)
+    if val.reader.vocab_size != train.vocab_size:
         from hpcdp.data.tokens.reader import TokenReaderError
 
-        raise TokenReaderError(f"{val.path}: vocabulary {val.vocab_size}, but {train.path} "
-                               f"has {train.vocab_size}")
-    return train, Validation(val, cfg.data.val_batch_size or batch)
+        raise TokenReaderError(f"{val.reader.path}: vocabulary {val.reader.vocab_size}, but "
+                               f"{train.path} has {train.vocab_size}")
+    return train, val
+
+
+def validation_reader(cfg: Config, path: Path, rank: int, size: int, batch: int) -> Validation:
+    """Every window of the token file `path` once over the ranks, val_batch_size at a time."""
+    from hpcdp.data.tokens.reader import TokenReader
+
+    # One window per rank at least (batch 1 here); validation batches are val_batch_size.
+    val = TokenReader(path, ReadOptions(batch_size=1, rank=rank, world_size=size, prefetch=0),
+                      seq_len=cfg.lm.seq_len, tokenizer_sha256=cfg.lm.tokenizer_sha256 or None)
+    return Validation(val, cfg.data.val_batch_size or batch)
 
 
 def prepare(batch: Any, cfg: Config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,6 +187,7 @@ TASK = Task(
         "schedule": {"kind": "cosine", "min_factor": 0.1},
     },
     readers=readers,
+    validation_reader=validation_reader,
     derive=derive,
     rates=rates,
     section=TaskSection("lm", LMConfig, check),

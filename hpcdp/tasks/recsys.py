@@ -27,7 +27,7 @@ import torch
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one
 from hpcdp.data.clicks.check import ClickSchema, check_rows, read_schema
 from hpcdp.data.reader import ReaderError
-from hpcdp.models.dlrm import DLRM, loss_fn, split_params
+from hpcdp.models.dlrm import ClickModel, loss_fn, split_params
 from hpcdp.runtime import sparse_grads as grads
 from hpcdp.tasks import Dataset, Metric, Task, optimizer_for
 from hpcdp.tasks.auc import auc_logloss
@@ -60,14 +60,6 @@ def check(cfg: Config) -> None:
                           "not negative")
     if any(w < 1 for w in (*r.bottom, *r.top)):
         raise ConfigError("recsys.bottom and recsys.top: every width must be at least 1")
-
-
-class ClickModel(DLRM):
-    """DLRM taking the task's inputs as one value, (dense, sparse), as the trainer passes it."""
-
-    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
-        dense, sparse = inputs
-        return super().forward(dense, sparse)
 
 
 def datasets(cfg: Config) -> Sequence[Dataset]:

@@ -148,7 +148,6 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
             device: torch.device) -> tuple[TrainingReader, ValidationReader, int]:
     """The training reader (shuffled, equal steps) and the validation reader (every sample)."""
     from hpcdp.data.keyed import SampleKeys
-    from hpcdp.data.slices import SliceReader
 
     batch = per_rank_batch(cfg, size)
     accum = cfg.horovod.backward_passes_per_step
@@ -164,22 +163,41 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
         raise ConfigError(f"task {task.name!r} reads no datasets")
     names = [d.name for d in wanted]
     info = checked_layout(train_path, names, min_samples=batch * size * accum)
-    val_info = checked_layout(val_path, names)
-    for path in (train_path, val_path):
-        check_kinds(path, wanted)
-        if task.check_file is not None:  # the values themselves, before any collective
-            task.check_file(cfg, path)
+    check_file(cfg, task, train_path, wanted)
     train_reader = training_reader(cfg, train_path, names, batch, rank, size, device)
     if task.sample_keys(cfg):  # batches also carry (epoch, sample index): keyed augmentation
         train_reader = SampleKeys(train_reader)
-    val_reader = SliceReader(val_path, names, batch_size=cfg.data.val_batch_size or batch,
-                             rank=rank, world_size=size)
+    val_reader = validation_reader(cfg, task, val_path, rank, size, batch)
     _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py
     check_accumulation(train_reader, train_path, accum)
-    if tuple(val_info.sample_shape) != tuple(info.sample_shape):
-        raise ConfigError(f"{val_path}: samples shaped {val_info.sample_shape}, but "
+    if tuple(val_reader.sample_shape) != tuple(info.sample_shape):
+        raise ConfigError(f"{val_path}: samples shaped {tuple(val_reader.sample_shape)}, but "
                           f"{train_path} has {info.sample_shape}")
     return train_reader, val_reader, batch
+
+
+def check_file(cfg: Config, task: Task, path: Path, wanted: list[Dataset]) -> None:
+    """The dtype kinds and (the task's check) the values of one file, before any collective."""
+    check_kinds(path, wanted)
+    if task.check_file is not None:
+        task.check_file(cfg, path)
+
+
+def validation_reader(cfg: Config, task: Task, path: Path, rank: int, size: int,
+                      batch: int) -> ValidationReader:
+    """This rank's share of every sample of `path` once (checked first), in batches of
+    data.val_batch_size (else `batch`)."""
+    if task.readers is not None:
+        if task.validation_reader is None:
+            raise ConfigError(f"task {task.name!r} cannot read a validation file alone")
+        return task.validation_reader(cfg, path, rank, size, batch)
+    from hpcdp.data.slices import SliceReader
+
+    wanted = list(task.datasets(cfg))
+    checked_layout(path, [d.name for d in wanted])
+    check_file(cfg, task, path, wanted)
+    return SliceReader(path, [d.name for d in wanted],
+                       batch_size=cfg.data.val_batch_size or batch, rank=rank, world_size=size)
 
 
 def check_accumulation(train_reader: TrainingReader, train_path: Any, accum: int) -> None:

@@ -67,3 +67,23 @@ def test_default_chain_is_seeded() -> None:
     assert 0 < mk.entropy_rate(a) < math.log(4) + 0.3
     with pytest.raises(ValueError, match="successors"):
         mk.random_chain(4, 5)
+
+
+def test_conditional_entropy_of_streams_with_known_answers() -> None:
+    assert mk.conditional_entropy(np.tile([0, 1, 2], 100), 3) == 0.0  # each fixes the next
+    rng = np.random.default_rng(0)
+    coin = rng.integers(0, 2, 200_000)
+    assert mk.conditional_entropy(coin, 2) == pytest.approx(np.log(2), abs=1e-3)
+    chain = mk.random_chain(8, 2, 0.1, seed=1)
+    stream = np.concatenate(mk.sample_documents(chain, 0, 0, 0, 3000))
+    assert mk.conditional_entropy(stream, chain.vocab_size) == pytest.approx(
+        mk.entropy_rate(chain), abs=0.01)
+
+
+def test_the_corrected_estimate_removes_the_plug_in_bias() -> None:
+    rng = np.random.default_rng(1)
+    coin = rng.integers(0, 8, 400)  # uniform over 8: few samples per pair, plug-in low
+    plain = mk.conditional_entropy(coin, 8)
+    fixed = mk.conditional_entropy(coin, 8, corrected=True)
+    assert plain < np.log(8) - 0.05
+    assert abs(fixed - np.log(8)) < abs(plain - np.log(8)) / 3

@@ -10,6 +10,7 @@ import torch
 from hpcdp import config as cfgmod
 from hpcdp import tasks
 from hpcdp.config import ConfigError
+from hpcdp.models.dlrm import DLRM
 from hpcdp.tasks import recsys
 from hpcdp.tasks.auc import auc_logloss
 from hpcdp.train import schedule as sched
@@ -60,4 +61,4 @@ def test_the_model_takes_the_inputs_as_one_value() -> None:
     torch.manual_seed(0)
     model = recsys.ClickModel(4, (10, 7), embed_dim=4)
     dense, ids = torch.randn(5, 4), torch.tensor([[1, 2], [9, 6], [0, 0], [3, 4], [1, 2]])
-    assert torch.equal(model((dense, ids)), recsys.DLRM.forward(model, dense, ids))
+    assert torch.equal(model((dense, ids)), DLRM.forward(model, dense, ids))

@@ -1,0 +1,151 @@
+"""`hpcdp predict EXPORT_DIR FILES...`: the top classes of image files under an image model.
+
+Each file is decoded with Pillow and made what training saw: `resize_center_crop`
+(the shorter side resized to S, then the centred S x S square; S is the export's
+image size), RGB or greyscale as the model's channels, integers divided by the
+scale and normalised by the mean and std config.json records. Images go through
+the model in batches; each file gets its k likeliest classes with their names
+(config.json's class_names, else the class numbers) and probabilities.
+
+Pillow is needed only here (the `images` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcdp.export import bundle
+from hpcdp.export.load import load
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
+                  ".pgm")
+
+
+def pillow() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise bundle.ExportError("hpcdp predict needs Pillow: pip install 'hpcdp[images]' "
+                                 "(or pip install pillow)") from None
+    return Image
+
+
+def resize_center_crop(image: Any, size: int) -> Any:
+    """The image-folder rule: shorter side resized to `size` (bilinear), then the centred
+    `size` x `size` square. The one function datasets/images.py and predict should share."""
+    w, h = image.size
+    scale = size / min(w, h)
+    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+    image = image.resize((new_w, new_h), pillow().Resampling.BILINEAR)
+    left, top = (new_w - size) // 2, (new_h - size) // 2
+    return image.crop((left, top, left + size, top + size))
+
+
+def read_image(path: Path, size: int, channels: int) -> np.ndarray:
+    """(channels, size, size) uint8 of an image file, as the training data holds images."""
+    Image = pillow()  # noqa: N806 - the module's usual name
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB" if channels == 3 else "L")
+            img = resize_center_crop(img, size)
+            array = np.asarray(img, dtype=np.uint8)
+    except (OSError, ValueError) as e:  # Pillow's UnidentifiedImageError is an OSError
+        raise bundle.ExportError(f"{path}: cannot be read as an image: {e}") from None
+    if channels == 1:
+        return array[None]
+    if channels != 3:
+        raise bundle.ExportError(f"the model takes {channels} channels: images need 1 or 3")
+    return array.transpose(2, 0, 1)
+
+
+def normalise(batch: np.ndarray, schema: dict[str, Any]) -> torch.Tensor:
+    """uint8 (N, C, S, S) -> the float inputs training fed (hpcdp.tasks.image.to_input)."""
+    x = torch.from_numpy(batch).float() / schema["scale"]
+    mean, std = (torch.tensor(schema[k], dtype=torch.float32).reshape(-1, 1, 1)
+                 for k in ("mean", "std"))  # a scalar, or one value per channel
+    return (x - mean) / std
+
+
+def image_files(paths: Sequence[Path]) -> list[Path]:
+    """The files given, and the image files inside given folders (sorted)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        else:
+            out.append(p)
+    return out
+
+
+def batches(files: list[Path], size: int) -> Iterator[list[Path]]:
+    for i in range(0, len(files), size):
+        yield files[i:i + size]
+
+
+def predict(net: torch.nn.Module, config: dict[str, Any], files: list[Path], top: int,
+            batch: int = 64) -> list[dict[str, Any]]:
+    """Per file: {"file", "top": [{"class", "name", "p"}, ...]} (likeliest first)."""
+    schema = config["input"]
+    size, channels = schema.get("image_size"), schema["channels"]
+    if not size:
+        raise bundle.ExportError("config.json has no input image_size: export the run "
+                                 "while its training data is there, or set it")
+    names = schema.get("class_names") or [str(i) for i in range(schema["num_classes"])]
+    device = next(net.parameters()).device
+    results = []
+    for group in batches(files, batch):
+        x = normalise(np.stack([read_image(f, size, channels) for f in group]), schema)
+        with torch.no_grad():
+            probs = torch.softmax(net(x.to(device)).float(), dim=1).cpu()
+        p, idx = probs.topk(min(top, probs.shape[1]), dim=1)
+        for f, ps, ids in zip(group, p.tolist(), idx.tolist()):
+            results.append({"file": str(f), "top": [
+                {"class": c, "name": names[c], "p": q} for c, q in zip(ids, ps)]})
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="hpcdp predict",
+        description="Classify image files with an exported image model: decoded, resized "
+        "(shorter side, then centre crop), scaled and normalised as config.json says.")
+    p.add_argument("export", type=Path, help="an export folder (hpcdp export)")
+    p.add_argument("files", type=Path, nargs="+", help="image files or folders of them")
+    p.add_argument("--top", type=int, default=5, help="classes shown per file (default 5)")
+    p.add_argument("--batch", type=int, default=64, help="images per forward pass")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    from hpcdp.cliargs import parse_args
+
+    args = parse_args(p, argv)
+    try:
+        net, config = load(args.export, args.device)
+        if config["task"] != "image":
+            raise bundle.ExportError(f"{args.export}: a {config['task']!r} model; predict "
+                                     "classifies images (task image)")
+        files = image_files(args.files)
+        if not files:
+            raise bundle.ExportError("no image files found")
+        results = predict(net, config, files, args.top, args.batch)
+    except (bundle.ExportError, OSError) as e:
+        print(f"hpcdp predict: error: {e}", file=sys.stderr)
+        return 2
+    for r in results:
+        if args.json:
+            print(json.dumps(r))
+        else:
+            shown = ", ".join(f"{t['name']} {t['p']:.3f}" for t in r["top"])
+            print(f"{r['file']}: {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
