@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps
 
+from hpcdp.data.images.decode import DecodeError, decode, fit
 from hpcdp.export import bundle
 from hpcdp.export.load import load
 
@@ -29,41 +31,23 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
                   ".pgm")
 
 
-def pillow() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise bundle.ExportError("hpcdp predict needs Pillow: pip install 'hpcdp[images]' "
-                                 "(or pip install pillow)") from None
-    return Image
-
-
-def resize_center_crop(image: Any, size: int) -> Any:
-    """The image-folder rule: shorter side resized to `size` (bilinear), then the centred
-    `size` x `size` square. The one function datasets/images.py and predict should share."""
-    w, h = image.size
-    scale = size / min(w, h)
-    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
-    image = image.resize((new_w, new_h), pillow().Resampling.BILINEAR)
-    left, top = (new_w - size) // 2, (new_h - size) // 2
-    return image.crop((left, top, left + size, top + size))
-
-
 def read_image(path: Path, size: int, channels: int) -> np.ndarray:
-    """(channels, size, size) uint8 of an image file, as the training data holds images."""
-    Image = pillow()  # noqa: N806 - the module's usual name
+    """(channels, size, size) uint8 of an image file, as the training data holds images:
+    RGB images by the image-folder recipe's own rules (hpcdp.data.images.decode), grey
+    ones (the digits) by its fit alone after a conversion to grey."""
+    if channels == 3:
+        try:
+            return decode(str(path), size, "crop")
+        except DecodeError as e:
+            raise bundle.ExportError(str(e)) from None
+    if channels != 1:
+        raise bundle.ExportError(f"the model takes {channels} channels: images need 1 or 3")
     try:
         with Image.open(path) as img:
-            img = img.convert("RGB" if channels == 3 else "L")
-            img = resize_center_crop(img, size)
-            array = np.asarray(img, dtype=np.uint8)
+            grey = fit(ImageOps.exif_transpose(img).convert("L"), size, "crop")
+            return np.asarray(grey, dtype=np.uint8)[None]
     except (OSError, ValueError) as e:  # Pillow's UnidentifiedImageError is an OSError
         raise bundle.ExportError(f"{path}: cannot be read as an image: {e}") from None
-    if channels == 1:
-        return array[None]
-    if channels != 3:
-        raise bundle.ExportError(f"the model takes {channels} channels: images need 1 or 3")
-    return array.transpose(2, 0, 1)
 
 
 def normalise(batch: np.ndarray, schema: dict[str, Any]) -> torch.Tensor:

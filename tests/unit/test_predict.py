@@ -9,10 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
+from hpcdp.data.images.decode import fit
 from hpcdp.export import bundle
 from hpcdp.export.command import class_names, normalisation
 from hpcdp.export.load import load
-from hpcdp.export.predict import main, normalise, predict, read_image, resize_center_crop
+from hpcdp.export.predict import main, normalise, predict, read_image
 from hpcdp.models import spec as specs
 
 SPEC = {"name": "digits_cnn", "in_channels": 1, "num_classes": 3, "width": 4,
@@ -24,11 +25,11 @@ INPUT = {"layout": "NCHW", "channels": 1, "image_size": 8, "scale": 255.0, "mean
 def test_shorter_side_then_the_centre_square() -> None:
     strip = np.zeros((8, 16, 3), np.uint8)  # 16 wide, 8 high: thirds red, green, blue
     strip[:, :4, 0] = strip[:, 4:12, 1] = strip[:, 12:, 2] = 255
-    out = resize_center_crop(Image.fromarray(strip), 4)
+    out = fit(Image.fromarray(strip), 4)
     assert out.size == (4, 4)
     middle = np.asarray(out)[:, 1:3]
     assert (middle[..., 1] == 255).all() and (middle[..., [0, 2]] == 0).all()
-    tall = resize_center_crop(Image.new("L", (10, 30)), 5)
+    tall = fit(Image.new("L", (10, 30)), 5)
     assert tall.size == (5, 5)
 
 
