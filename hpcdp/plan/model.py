@@ -15,11 +15,14 @@ Collective costs (alpha: seconds per message step; beta: seconds per byte on the
 wire; gamma: seconds per byte reduced):
   ring over p ranks:   2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
   hierarchical, g ranks on each of N nodes: a reduce-scatter within the node
-  ((g-1) alpha_in + (g-1)/g n (beta_in + gamma)), a ring all-reduce across nodes
-  of the node's n/g bytes, an all-gather within the node ((g-1) alpha_in +
-  (g-1)/g n beta_in).
-  flat ring across nodes: every step of the ring waits for the slowest link, the
-  one between nodes.
+  ((g-1) alpha_in + (g-1)/g n (beta_in + gamma)), then each rank's n/g bytes
+  all-reduced across the nodes, g rings at once sharing the node's network
+  (2(N-1) alpha_out + 2(N-1)/N n beta_out + (N-1)/N n/g gamma), then an
+  all-gather within the node ((g-1) alpha_in + (g-1)/g n beta_in).
+  flat ring over all ranks: every step waits for the slowest link, the one
+  between nodes, which carries one stream per node.
+The inter-node beta is the node's: one over its network bandwidth, whatever the
+number of ranks on it.
 """
 
 from __future__ import annotations
@@ -140,7 +143,13 @@ def allreduce_s(nbytes: float, nodes: int, ranks_per_node: int, net: Network) ->
     scatter = (g - 1) * net.intra.alpha_s + share * (net.intra.beta_s_per_byte
                                                      + net.intra.gamma_s_per_byte)
     gather = (g - 1) * net.intra.alpha_s + share * net.intra.beta_s_per_byte
-    return scatter + ring_allreduce_s(nbytes / g, nodes, net.inter) + gather
+    # g rings of n/g bytes at once, one per rank, through the node's network: each at 1/g
+    # of the node's bandwidth; each rank reduces its own n/g.
+    steps, part = nodes - 1, nbytes / g
+    across = (2 * steps * net.inter.alpha_s
+              + 2 * steps / nodes * part * g * net.inter.beta_s_per_byte
+              + steps / nodes * part * net.inter.gamma_s_per_byte)
+    return scatter + across + gather
 
 
 def exposed_comm_s(ready_s: Sequence[float], durations_s: Sequence[float],

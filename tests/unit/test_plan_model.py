@@ -31,10 +31,11 @@ def test_one_rank_costs_nothing() -> None:
 def test_hierarchical_four_nodes_of_two() -> None:
     # n = 8 MB, g = 2, N = 4. Within: alpha 1us, 10 GB/s; across: alpha 5us, 1 GB/s.
     # scatter: 1us + 1/2*8e6*1e-10 = 1us + 0.4 ms; gather the same.
-    # across: ring of 4e6 B over 4 nodes: 6*5us + 1.5*4e6*1e-9 = 30us + 6 ms.
+    # across: two rings of 4e6 B over 4 nodes sharing the node's 1 GB/s:
+    # 6*5us + 2*3/4*4e6*2*1e-9 = 30us + 12 ms (the node sends 2*3/4*8e6 B in all).
     net = Network(Link(1 * US, 1e-10), Link(5 * US, GBPS))
     got = model.allreduce_s(8e6, 4, 2, net)
-    assert got == pytest.approx(2 * (1e-6 + 0.4e-3) + 30e-6 + 6e-3)
+    assert got == pytest.approx(2 * (1e-6 + 0.4e-3) + 30e-6 + 12e-3)
 
 
 def test_flat_ring_across_nodes_waits_on_the_slow_link() -> None:
@@ -43,11 +44,17 @@ def test_flat_ring_across_nodes_waits_on_the_slow_link() -> None:
     assert model.allreduce_s(8e6, 4, 2, net) == pytest.approx(70e-6 + 14e-3)
 
 
-def test_hierarchical_beats_flat_when_the_inter_link_is_slow() -> None:
+def test_hierarchical_saves_latency_steps_across_nodes() -> None:
+    # 4 nodes of 8: the flat ring makes 2*31 steps on the slow link, the hierarchy 2*3 there
+    # (and 2*7 fast ones); in bandwidth it sends 2*3/4 n per node instead of 2*31/32 n.
     fast, slow = Link(1 * US, 1e-11), Link(5 * US, GBPS)
-    hier = model.allreduce_s(1e8, 4, 8, Network(fast, slow))
-    flat = model.allreduce_s(1e8, 4, 8, Network(fast, slow, hierarchical=False))
-    assert hier < flat / 4
+    small_h = model.allreduce_s(1e3, 4, 8, Network(fast, slow))
+    small_f = model.allreduce_s(1e3, 4, 8, Network(fast, slow, hierarchical=False))
+    assert small_h < small_f / 4
+    big_h = model.allreduce_s(1e9, 4, 8, Network(fast, slow))
+    big_f = model.allreduce_s(1e9, 4, 8, Network(fast, slow, hierarchical=False))
+    assert big_h == pytest.approx(1.5 + 2 * 7 * 1e-6 + 2 * 7 / 8 * 1e9 * 1e-11 + 30e-6)
+    assert big_f == pytest.approx(2 * 31 / 32 + 62 * 5e-6)
 
 
 def test_exposed_comm_by_hand() -> None:
