@@ -2,8 +2,8 @@
 
 Fitted from `hpcdp bench allreduce` JSON: on p ranks a ring all-reduce of n
 bytes takes a + b n with a = 2(p-1) alpha and b = 2(p-1)/p beta (the reduction's
-cost per byte folds into beta), so a least-squares line through (bytes, median
-seconds) gives both. Run the benchmark within one node for the `intra` level and
+cost per byte folds into beta), so a line through (bytes, median seconds) gives
+both. Run the benchmark within one node for the `intra` level and
 with one rank on each of two nodes for `inter`.
 
 A site profile states them instead (hpcdp.cluster.sites, table [network]):
@@ -44,15 +44,21 @@ class Fit:
 
 
 def line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of ys against xs."""
+    """(intercept, slope) of ys against xs, least squares in relative error (weights 1/y^2):
+    sizes span five orders of magnitude, and a plain fit would let the largest decide the
+    latency that the smallest measure."""
     n = len(xs)
     if n < 2 or n != len(ys):
         raise NetworkError(f"a line needs at least two points, got {n} sizes")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
+    if min(ys) <= 0:
+        raise NetworkError("times must be positive")
+    w = [1 / y**2 for y in ys]
+    sw = sum(w)
+    mx, my = sum(wi * x for wi, x in zip(w, xs)) / sw, sum(wi * y for wi, y in zip(w, ys)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs))
     if sxx == 0:
         raise NetworkError("a line needs at least two different sizes")
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    slope = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, xs, ys)) / sxx
     return my - slope * mx, slope
 
 

@@ -67,3 +67,10 @@ def test_one_level_needs_both_keys(tmp_path: Path) -> None:
     path.write_text("[network]\ninter_latency_us = 3\n")
     with pytest.raises(network.NetworkError, match="inter_gbytes_per_s"):
         network.from_site(sites.load(path))
+
+
+def test_line_weights_relative_error() -> None:
+    # Exact points are recovered whatever the weights; noisy ones: the small size's time
+    # decides the intercept (a plain fit would give a negative one here).
+    a, b = network.line([1.0, 10.0, 1e6], [2.0, 2.9, 1e5 + 2])
+    assert a == pytest.approx(2.0, rel=0.1) and b == pytest.approx(0.1, rel=1e-3)
