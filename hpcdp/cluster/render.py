@@ -480,8 +480,11 @@ def _sbatch_lines(alloc: _Allocation, job_name: str, output: str,
         f"--nodes={alloc.nodes}",
     ]
     # Left out by default, so that `sbatch --ntasks=N` or `--gpus-per-node=G` decide.
-    if alloc.ntasks_per_node or alloc.gpus_per_node:
-        sb.append(f"--ntasks-per-node={alloc.ntasks_per_node or alloc.gpus_per_node}")
+    per_node = alloc.ntasks_per_node or alloc.gpus_per_node
+    # On a node range, --ntasks-per-node=1 makes Slurm count MIN tasks, one per node, so
+    # the job never gets more than MIN nodes; one rank per node is its default anyway.
+    if per_node and not ("-" in alloc.nodes and per_node == 1):
+        sb.append(f"--ntasks-per-node={per_node}")
     if alloc.gpus_per_node:
         sb.append(f"--gpus-per-node={alloc.gpus_per_node}")
     if alloc.cpus_per_task is not None:

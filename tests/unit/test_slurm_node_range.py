@@ -16,6 +16,14 @@ def test_range_is_rendered_and_a_count_unchanged() -> None:
     assert "#SBATCH --nodes=2\n" in render(nodes=2)
 
 
+def test_one_rank_per_node_is_left_to_slurm_on_a_range() -> None:
+    # With --ntasks-per-node=1, Slurm takes MIN tasks and never grants more than MIN nodes.
+    assert "#SBATCH --ntasks-per-node" not in render(nodes="1-2", ntasks_per_node=1)
+    assert "#SBATCH --ntasks-per-node" not in render(nodes="1-2", gpus_per_node=1)
+    assert "#SBATCH --ntasks-per-node=2\n" in render(nodes="1-2", gpus_per_node=2)
+    assert "#SBATCH --ntasks-per-node=1\n" in render(nodes=2, ntasks_per_node=1)
+
+
 @pytest.mark.parametrize("nodes, match", [
     ("4-2", "1 <= MIN <= MAX"), ("0-2", "1 <= MIN <= MAX"), ("1-", "a range MIN-MAX"),
     ("1 -2", "a range MIN-MAX"), ("2", "nodes must be an integer"),
