@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_argument_group("the 1-node measurement (one of)")
     src.add_argument("--config", help="training config: a short 1-rank run measures it")
     src.add_argument("--run", type=Path, help="a finished 1-rank run folder to read instead")
+    src.add_argument("--run-half", type=Path,
+                     help="with --run: the same at half the batch (the compute's fixed part)")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value",
                    help="training config overrides for the measurement")
     net = p.add_argument_group("the network model")
@@ -121,24 +123,31 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def measured(args: argparse.Namespace, global_batch: int | None, rpn: int,
-             sources: Sources) -> Measured:
-    """The 1-rank measurement: read back, or run now at one node's per-rank batch."""
+             sources: Sources) -> tuple[Measured, Measured | None]:
+    """The 1-rank measurement, and the same at half the batch where there is one: read
+    back, or run now at one node's per-rank batch and half of it."""
     if args.run is not None:
         m = read_run(args.run, args.warmup)
+        half = read_run(args.run_half, args.warmup) if args.run_half else None
         sources.append(f"measurement: {args.run} (1 rank, batch {m.global_batch}, steady "
-                       f"state after step {args.warmup})")
-        return m
+                       f"state after step {args.warmup})"
+                       + (f" and {args.run_half}" if half else ""))
+        return m, half
     if global_batch is None:
         global_batch = config_global_batch(args.config, args.overrides)
     if global_batch % rpn:
         raise MeasureError(f"global batch {global_batch} does not divide over {rpn} ranks "
                            "per node")
     threads = args.threads or max(1, cores() // rpn)
-    m = measure(args.config, args.overrides, global_batch // rpn, threads, args.steps,
-                args.warmup, args.timeout)
-    sources.append(f"measurement: {args.config}, 1 rank, batch {global_batch // rpn}, "
-                   f"{threads} thread(s), {args.steps} steps after {args.warmup}")
-    return m
+    batch = global_batch // rpn
+    m = measure(args.config, args.overrides, batch, threads, args.steps, args.warmup,
+                args.timeout)
+    half = (measure(args.config, args.overrides, batch // 2, threads, args.steps,
+                    args.warmup, args.timeout) if batch % 2 == 0 else None)
+    sources.append(f"measurement: {args.config}, 1 rank, batch {batch}"
+                   + (f" and {batch // 2}" if half else "") + f", {threads} thread(s), "
+                   f"{args.steps} steps after {args.warmup}")
+    return m, half
 
 
 def config_global_batch(config: str, overrides: Sequence[str]) -> int:
@@ -182,14 +191,15 @@ def format_predictions(preds: Sequence[model.Prediction], target: float) -> str:
 def check_rows(label: str, step: model.Step, net: model.Network,
                against: Sequence[tuple[Measured, int]], reference: Measured) -> list[list[Any]]:
     """Predicted against measured step time for each run (pure given the Measured)."""
-    rows = [[label, 1, 1, reference.global_batch, reference.step_ms, reference.step_ms, "0%",
-             "(the measurement)"]]
+    rows: list[list[Any]] = [[label, 1, 1, reference.global_batch, f"{reference.step_ms:.2f}",
+                              f"{reference.step_ms:.2f}", "0%", "(the measurement)"]]
     for m, nodes in against:
         if m.ranks % nodes:
             raise MeasureError(f"{m.run_dir}: {m.ranks} ranks do not split over {nodes} nodes")
         total, *_ , exposed = model.step_at(step, net, nodes, m.ranks // nodes, m.global_batch)
         err = total * 1e3 / m.step_ms - 1
-        rows.append([label, m.ranks, nodes, m.global_batch, total * 1e3, m.step_ms,
+        rows.append([label, m.ranks, nodes, m.global_batch, f"{total * 1e3:.2f}",
+                     f"{m.step_ms:.2f}",
                      f"{err:+.0%}", f"split: data {m.data_ms:.1f}, compute {m.compute_ms:.1f}, "
                      f"comm {m.comm_ms:.1f} ms; predicted exposed {exposed * 1e3:.1f} ms"])
     return rows
@@ -208,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         net, site_rpn = network_model(args, sources)
         rpn = args.ranks_per_node or site_rpn or 1
-        m = measured(args, args.global_batch, rpn, sources)
-        step = step_of(m, args.backward_share, not args.no_overlap, args.fusion_bytes)
+        m, half = measured(args, args.global_batch, rpn, sources)
+        step = step_of(m, args.backward_share, not args.no_overlap, args.fusion_bytes, half)
         if args.check:
             return check(args, step, net, m, sources)
         global_batch = args.global_batch
@@ -224,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"Predicted for a global batch of {global_batch}, {rpn} rank(s) per node, "
           f"{len(step.bucket_bytes)} all-reduce(s) of {step.gradient_bytes / 2**20:.1f} MiB "
-          "in all per step:")
+          f"in all per step; measured: compute {step.compute_s * 1e3:.1f} ms "
+          f"({step.fixed_s * 1e3:.1f} of it fixed), data {step.data_s * 1e3:.2f} ms at "
+          f"{step.measured_batch} samples on 1 rank:")
     print(format_predictions(preds, args.target))
     print("\nInputs:\n" + "\n".join(f"- {s}" for s in sources))
     print(f"- {'hierarchical' if net.hierarchical else 'flat ring'} all-reduce across nodes")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcdp.plan.model import Step, fused
+from hpcdp.plan.model import Step, fixed_part_s, fused
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,11 +88,18 @@ def read_run(run_dir: Path, warmup_steps: int) -> Measured:
                     summary.get("gradients") or {})
 
 
+def compute_ms(m: Measured) -> float:
+    """A 1-rank step's compute: on one rank the step has no all-reduce, so what is not
+    waiting for data is compute (the loop's own per-step work included)."""
+    return max(m.step_ms - m.data_ms, m.compute_ms)
+
+
 def step_of(m: Measured, backward_share: float, overlap: bool,
-            fusion_bytes: int | None = None) -> Step:
+            fusion_bytes: int | None = None, half: Measured | None = None) -> Step:
     """The model's Step from a 1-rank run: its compute and data time per step and its
     gradients grouped as the run would group them on several ranks (flat buckets, else
-    Horovod's fusion threshold, else `fusion_bytes`)."""
+    Horovod's fusion threshold, else `fusion_bytes`). `half`: the same at half the batch,
+    which separates the compute's fixed part from its per-sample part."""
     if m.ranks != 1:
         raise MeasureError(f"{m.run_dir}: the measurement must be a 1-rank run (it had "
                            f"{m.ranks}): its compute has no communication in it")
@@ -102,9 +109,15 @@ def step_of(m: Measured, backward_share: float, overlap: bool,
                            "before `hpcdp plan`): run it again")
     threshold = m.layout.get("bucket_bytes") or fusion_bytes or m.layout.get("fusion_threshold")
     buckets = fused(sizes, int(threshold)) if threshold else tuple(sizes)
-    # On one rank the step has no all-reduce: what is not data is compute.
-    compute = max(m.step_ms - m.data_ms, m.compute_ms) / 1000
-    return Step(compute, m.data_ms / 1000, m.global_batch, buckets, backward_share, overlap)
+    compute = compute_ms(m) / 1000
+    fixed = 0.0
+    if half is not None:
+        if half.ranks != 1 or 2 * half.global_batch != m.global_batch:
+            raise MeasureError(f"{half.run_dir}: expected 1 rank at batch {m.global_batch // 2}"
+                               f", found {half.ranks} at {half.global_batch}")
+        fixed = fixed_part_s(compute, compute_ms(half) / 1000)
+    return Step(compute, m.data_ms / 1000, m.global_batch, buckets, backward_share, overlap,
+                fixed)
 
 
 def measure(config: str, overrides: list[str], batch: int, threads: int | None,

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 ASSUMPTIONS = (
     "global batch fixed: each of the p ranks takes global/p samples a step",
-    "data and compute time per step proportional to the rank's samples (a small per-rank "
-    "batch underuses a GPU: real steps shrink less, so this is optimistic at many nodes)",
+    "data time proportional to the rank's samples; compute a fixed part plus a part "
+    "proportional to them (fixed part from a second measurement at half the batch, else 0: "
+    "then optimistic at many nodes, where small per-rank batches underuse a GPU)",
     "backward is backward_share of the compute; buckets are ready in proportion to their "
     "bytes through backward, the last at its end",
     "one all-reduce at a time, each bucket as soon as it is ready and the previous is done "
@@ -83,6 +84,7 @@ class Step:
     bucket_bytes: tuple[int, ...]  # each all-reduce's size, in the order backward fills them
     backward_share: float = 2 / 3  # of compute_s: the part communication can hide behind
     overlap: bool = True  # False: every all-reduce waits for the end of backward
+    fixed_s: float = 0.0  # of compute_s: per step whatever the batch (launches, optimizer)
 
     def __post_init__(self) -> None:
         if self.compute_s < 0 or self.data_s < 0:
@@ -91,6 +93,8 @@ class Step:
             raise ValueError(f"measured batch must be positive, got {self.measured_batch}")
         if not 0 <= self.backward_share <= 1:
             raise ValueError(f"backward share must be within [0, 1], got {self.backward_share}")
+        if not 0 <= self.fixed_s <= self.compute_s:
+            raise ValueError(f"fixed time {self.fixed_s} must be within [0, compute time]")
         if any(b <= 0 for b in self.bucket_bytes):
             raise ValueError(f"bucket sizes must be positive, got {self.bucket_bytes}")
 
@@ -198,7 +202,8 @@ def step_at(step: Step, net: Network, nodes: int, ranks_per_node: int,
     """(step, data, compute, comm, exposed) seconds on `nodes` nodes for `global_batch`."""
     ranks = nodes * ranks_per_node
     scale = global_batch / ranks / step.measured_batch
-    data, compute = step.data_s * scale, step.compute_s * scale
+    data = step.data_s * scale
+    compute = step.fixed_s + (step.compute_s - step.fixed_s) * scale
     backward = compute * step.backward_share
     durations = [allreduce_s(b, nodes, ranks_per_node, net) for b in step.bucket_bytes]
     comm = sum(durations)
@@ -246,3 +251,9 @@ def suggested_range(predictions: Sequence[Prediction], target: float) -> tuple[i
     low = min(p.nodes for p in predictions
               if p.fits_batch and p.nodes <= top and p.samples_per_s >= best / 2)
     return low, top
+
+
+def fixed_part_s(full_s: float, half_s: float) -> float:
+    """The per-step time that does not shrink with the batch, from the compute time at a
+    batch and at half of it (t = fixed + per_sample x b), kept within [0, full_s]."""
+    return min(max(2 * half_s - full_s, 0.0), full_s)

@@ -134,3 +134,15 @@ def test_step_refuses_bad_values() -> None:
         Step(0.1, 0, 32, (1,), backward_share=1.5)
     with pytest.raises(ValueError, match="bucket sizes"):
         Step(0.1, 0, 32, (0,))
+
+
+def test_fixed_part_does_not_shrink_with_the_batch() -> None:
+    # 30 ms at batch 32, 20 ms at 16: fixed 10 ms, 20 ms for 32 samples.
+    assert model.fixed_part_s(0.030, 0.020) == pytest.approx(0.010)
+    assert model.fixed_part_s(0.030, 0.014) == 0.0 and model.fixed_part_s(0.03, 0.04) == 0.03
+    # On 2 ranks (16 samples each of a global 32): 10 + 20/2 = 20 ms compute, not 15.
+    step = Step(0.030, 0.0, 32, (1000,), fixed_s=0.010)
+    net = Network(Link(0, 0), Link(0, 0))
+    assert model.step_at(step, net, 2, 1, 32)[2] == pytest.approx(0.020)
+    with pytest.raises(ValueError, match="fixed time"):
+        Step(0.030, 0.0, 32, (1000,), fixed_s=0.05)

@@ -1,0 +1,144 @@
+"""`hpcdp bench plan`: `hpcdp plan`'s predictions against measured runs, side by side.
+
+For each model (the digits CNN, the tiny GPT, ResNet-18) at a fixed global
+batch: the measurement `hpcdp plan` starts from (1 rank, one thread, at the
+per-rank batch of the 2-rank run and at half of it), then real runs on 1 rank and on 2 ranks of this
+node, and, with --slurm, on two nodes of a Slurm cluster (one rank each, through
+`hpcdp slurm submit --nodes 2`). The network is fitted from `hpcdp bench
+allreduce` JSON (--allreduce), used for both levels unless --allreduce-inter is
+given. The table: predicted and measured step time and the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcdp import cliargs
+from hpcdp.bench import common
+from hpcdp.bench.train_setups import prepare_data, setups, train_overrides
+from hpcdp.plan import model, network
+from hpcdp.plan.cli import check_rows
+from hpcdp.plan.measure import read_run, step_of
+
+MODELS = ("digits_cnn", "gpt", "resnet18")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hpcdp bench plan", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--allreduce", type=Path, required=True,
+                   help="hpcdp bench allreduce JSON from this node (2 ranks)")
+    p.add_argument("--allreduce-inter", type=Path, help="... with one rank on each of 2 nodes")
+    p.add_argument("--global-batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--slurm", action="store_true",
+                   help="also run on 2 nodes of the Slurm cluster SLURM_CONF names")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--name", default="plan")
+    args = cliargs.parse_args(p, argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in args.models if m not in MODELS]
+    if bad:
+        p.error(f"--models: choose from {', '.join(MODELS)}, got {bad}")
+    # What train_setups expects of `hpcdp bench train`'s arguments.
+    args.window, args.width, args.cifar_stem, args.samples = 5, 32, False, 4096
+    args.seq_len, args.batch, args.tables = 64, None, ()
+    return args
+
+
+def local_run(argv: list[str], np: int, timeout: float) -> None:
+    from hpcdp.runtime.launcher import run_ranks
+
+    env = {"PYTHONPATH": common.pythonpath(), "OMP_NUM_THREADS": "1"}
+    run = run_ranks([sys.executable, "-m", "hpcdp.train", *argv], np=np, launcher="mpirun",
+                    timeout=timeout, env=env)
+    if not run.ok:
+        raise common.BenchError(f"{np}-rank run failed:\n{run.describe()[-4000:]}")
+
+
+def slurm_run(argv: list[str], where: Path, timeout: float) -> None:
+    """`hpcdp slurm submit --nodes 2` (one rank per node), waited for (bounded)."""
+    config = argv[argv.index("--config") + 1] if "--config" in argv else None
+    rest = [a for a in argv if a not in ("--config", config)]
+    cmd = [sys.executable, "-m", "hpcdp", "slurm", "submit", "--site", "none", "--nodes", "2",
+           "--cpus-per-task", "1", "--time", "15", "--signal-lead", "60",
+           "--output", str(where / "job-%j.out"), *(["--config", config] if config else []),
+           *rest]
+    env = {**common.pythonpath_env(), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                          cwd=where, check=False)
+    if done.returncode:
+        raise common.BenchError(f"submit failed: {done.stderr}")
+    job = done.stdout.strip()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
+                               text=True, timeout=30, check=False).stdout
+        if "JobState=COMPLETED" in shown:
+            return
+        if any(f"JobState={s}" in shown for s in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")):
+            raise common.BenchError(f"job {job} did not complete: {shown}")
+        time.sleep(1)
+    subprocess.run(["scancel", job], timeout=30, check=False)
+    raise common.BenchError(f"job {job} still running after {timeout:.0f}s: cancelled")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    work = out / f"{args.name}-runs"
+    work.mkdir(parents=True, exist_ok=True)
+    fit = network.fit_allreduce(json.loads(args.allreduce.read_text()), where=str(args.allreduce))
+    inter = (network.fit_allreduce(json.loads(args.allreduce_inter.read_text()))
+             if args.allreduce_inter else fit).link
+    net = model.Network(fit.link, inter)
+    chosen = setups(args.models, args)
+    data = prepare_data(work / "data", chosen, args)
+    g = args.global_batch
+    rows: list[list[Any]] = []
+    for s in chosen:
+        # The measurement: 1 rank at the 2-rank run's per-rank batch, and at half of it.
+        runs = {"ref": (1, g // 2), "half": (1, g // 4), "one": (1, g), "two": (2, g)}
+        dirs = {}
+        for key, (np, batch) in runs.items():
+            dirs[key] = work / s.label / key
+            a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={batch}"],
+                                      "steps": args.steps})
+            print(f"[{s.label}] {key}: {np} rank(s), global batch {batch}", flush=True)
+            local_run(train_overrides(s, data[s.data], dirs[key], a), np, args.timeout)
+        against = [(read_run(dirs["one"], args.warmup), 1), (read_run(dirs["two"], args.warmup), 1)]
+        if args.slurm:
+            dirs["slurm"] = (work / s.label / "slurm").resolve()
+            dirs["slurm"].parent.mkdir(parents=True, exist_ok=True)
+            a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={g}"]})
+            print(f"[{s.label}] slurm: 2 nodes x 1 rank, global batch {g}", flush=True)
+            slurm_run(train_overrides(s, data[s.data].resolve(), dirs["slurm"], a),
+                      dirs["slurm"].parent, args.timeout)
+            against.append((read_run(dirs["slurm"], args.warmup), 2))
+        ref = read_run(dirs["ref"], args.warmup)
+        step = step_of(ref, 2 / 3, True, half=read_run(dirs["half"], args.warmup))
+        rows += check_rows(s.label, step, net, against, ref)
+    headers = ["model", "ranks", "nodes", "global batch", "predicted ms", "measured ms",
+               "error", "measured"]
+    print(common.format_table(headers, rows))
+    print(f"network: alpha {fit.link.alpha_s * 1e6:.1f} us, {fit.link.gbytes_per_s:.2f} GB/s "
+          f"within the node (from {args.allreduce}); across: alpha {inter.alpha_s * 1e6:.1f} us, "
+          f"{inter.gbytes_per_s:.2f} GB/s")
+    path = common.write_json(out / f"{args.name}.json", {
+        "benchmark": "plan", "headers": headers, "rows": rows,
+        "network": {"intra": vars(fit.link), "inter": vars(inter)},
+        "params": {"global_batch": g, "steps": args.steps, "warmup": args.warmup}})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
