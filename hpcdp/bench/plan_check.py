@@ -6,7 +6,10 @@ per-rank batch of the 2-rank run and at half of it), then real runs on 1 rank an
 node, and, with --slurm, on two nodes of a Slurm cluster (one rank each, through
 `hpcdp slurm submit --nodes 2`). The network is fitted from `hpcdp bench
 allreduce` JSON (--allreduce), used for both levels unless --allreduce-inter is
-given. The table: predicted and measured step time and the error.
+given. The table: predicted and measured step time and the error, predicted
+once from one rank alone and once from a busy node: two independent 1-rank runs
+at once, which see the contention for cores and memory that the model leaves out
+(on this machine the two "nodes" of the local cluster share the same cores).
 """
 
 from __future__ import annotations
@@ -64,6 +67,18 @@ def local_run(argv: list[str], np: int, timeout: float) -> None:
         raise common.BenchError(f"{np}-rank run failed:\n{run.describe()[-4000:]}")
 
 
+def pair_run(argvs: list[list[str]], timeout: float) -> None:
+    """Independent 1-rank runs at once (no communication): each rank's step while the
+    node's other ranks compute too, which a rank alone does not see."""
+    from hpcdp.bench.processes import run_together
+
+    env = {**common.pythonpath_env(), "OMP_NUM_THREADS": "1"}
+    done = run_together([[sys.executable, "-m", "hpcdp.train", *a] for a in argvs],
+                        [env] * len(argvs), timeout)
+    if not done.ok:
+        raise common.BenchError(f"runs side by side failed:\n{done.output[-4000:]}")
+
+
 def slurm_run(argv: list[str], where: Path, timeout: float) -> None:
     """`hpcdp slurm submit --nodes 2` (one rank per node), waited for (bounded)."""
     config = argv[argv.index("--config") + 1] if "--config" in argv else None
@@ -114,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                                       "steps": args.steps})
             print(f"[{s.label}] {key}: {np} rank(s), global batch {batch}", flush=True)
             local_run(train_overrides(s, data[s.data], dirs[key], a), np, args.timeout)
+        pair = [work / s.label / f"pair{i}" for i in range(2)]
+        print(f"[{s.label}] 2 independent 1-rank runs at once, batch {g // 2}", flush=True)
+        a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={g // 2}"]})
+        pair_run([train_overrides(s, data[s.data], d, a) for d in pair], args.timeout)
+        # The step ends with the slower rank: the slower of the two runs.
+        busy = max((read_run(d, args.warmup) for d in pair), key=lambda m: m.step_ms)
         against = [(read_run(dirs["one"], args.warmup), 1), (read_run(dirs["two"], args.warmup), 1)]
         if args.slurm:
             dirs["slurm"] = (work / s.label / "slurm").resolve()
@@ -125,9 +146,21 @@ def main(argv: list[str] | None = None) -> int:
             against.append((read_run(dirs["slurm"], args.warmup), 2))
         ref = read_run(dirs["ref"], args.warmup)
         step = step_of(ref, 2 / 3, True, half=read_run(dirs["half"], args.warmup))
-        rows += check_rows(s.label, step, net, against, ref)
+        mine = check_rows(s.label, step, net, against, ref)
+        # The multi-rank runs again, predicted from the busy node's step (same batch per rank).
+        busy_step = step_of(busy, 2 / 3, True)
+        for row, (m, nodes) in zip(mine[1:], against):
+            if m.ranks == 1:
+                row[7:7] = ["-", "-"]
+                continue
+            total = model.step_at(busy_step, net, nodes, m.ranks // nodes, m.global_batch)[0]
+            row[7:7] = [f"{total * 1e3:.2f}", f"{total * 1e3 / m.step_ms - 1:+.0%}"]
+        mine[0][7:7] = ["-", "-"]
+        rows += mine
+        print(f"[{s.label}] busy node: {busy.step_ms:.2f} ms a step at {busy.global_batch} "
+              f"(alone: {ref.step_ms:.2f})", flush=True)
     headers = ["model", "ranks", "nodes", "global batch", "predicted ms", "measured ms",
-               "error", "measured"]
+               "error", "predicted ms (busy node)", "error (busy node)", "measured"]
     print(common.format_table(headers, rows))
     print(f"network: alpha {fit.link.alpha_s * 1e6:.1f} us, {fit.link.gbytes_per_s:.2f} GB/s "
           f"within the node (from {args.allreduce}); across: alpha {inter.alpha_s * 1e6:.1f} us, "
