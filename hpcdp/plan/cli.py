@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "global_batch": global_batch, "ranks_per_node": rpn, "inputs": sources,
+            "measured": {"compute_s": step.compute_s, "fixed_s": step.fixed_s,
+                         "data_s": step.data_s, "batch": step.measured_batch,
+                         "bucket_bytes": list(step.bucket_bytes)},
             "assumptions": list(model.ASSUMPTIONS),
             "predictions": [vars(p) | {"notes": list(p.notes)} for p in preds],
             "suggested_nodes": model.suggested_range(preds, args.target)}, indent=2) + "\n")
