@@ -107,3 +107,12 @@ def test_no_network_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[st
     run = write_run(tmp_path / "run", 1, 32, 21.0)
     assert cli.main(["--run", str(run)]) == 2
     assert "no network model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--target", "0"], ["--target", "1.5"],
+                                   ["--max-nodes", "0"], ["--ranks-per-node", "0"]])
+def test_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                     extra: list[str]) -> None:
+    run = write_run(tmp_path / "run", 1, 32, 21.0)
+    assert cli.main(["--run", str(run), *extra]) == 2
+    assert "--target must be within" in capsys.readouterr().err
