@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         print("hpcdp plan: give --config CFG (measure now) or --run DIR (read a 1-rank run)",
               file=sys.stderr)
         return 2
-    if not 0 < args.target <= 1 or args.max_nodes < 1 or (args.ranks_per_node or 1) < 1:
+    rpn_given = args.ranks_per_node
+    if not 0 < args.target <= 1 or args.max_nodes < 1 or (rpn_given is not None
+                                                          and rpn_given < 1):
         print("hpcdp plan: --target must be within (0, 1], --max-nodes and --ranks-per-node "
               "positive", file=sys.stderr)
         return 2
