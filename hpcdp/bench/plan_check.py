@@ -27,7 +27,7 @@ from hpcdp.bench import common
 from hpcdp.bench.train_setups import prepare_data, setups, train_overrides
 from hpcdp.plan import model, network
 from hpcdp.plan.cli import check_rows
-from hpcdp.plan.measure import read_run, step_of
+from hpcdp.plan.measure import Measured, read_run, step_of
 
 MODELS = ("digits_cnn", "gpt", "resnet18")
 
@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat every run this often, in rotated order; medians are compared")
     p.add_argument("--slurm", action="store_true",
                    help="also run on 2 nodes of the Slurm cluster SLURM_CONF names")
     p.add_argument("--timeout", type=float, default=600.0)
@@ -106,6 +108,68 @@ def slurm_run(argv: list[str], where: Path, timeout: float) -> None:
     raise common.BenchError(f"job {job} still running after {timeout:.0f}s: cancelled")
 
 
+def one_round(s: Any, data: Path, root: Path, args: argparse.Namespace,
+              shift: int) -> dict[str, Measured]:
+    """Every run of one model once, in an order rotated by `shift` (load from elsewhere on a
+    shared machine then falls on each alike over the rounds): key -> its steady state."""
+    g = args.global_batch
+    # The measurement: 1 rank at the 2-rank run's per-rank batch, and at half of it.
+    local = {"ref": (1, g // 2), "half": (1, g // 4), "one": (1, g), "two": (2, g)}
+    keys = [*local, "busy", *(["slurm"] if args.slurm else [])]
+    keys = keys[shift % len(keys):] + keys[:shift % len(keys)]
+    found: dict[str, Measured] = {}
+
+    def overrides(run_dir: Path, batch: int, where: Path = data) -> list[str]:
+        a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={batch}"]})
+        return train_overrides(s, where, run_dir, a)
+
+    for key in keys:
+        run_dir = (root / key).resolve()
+        if key in local:
+            np, batch = local[key]
+            print(f"[{s.label}] {key}: {np} rank(s), global batch {batch}", flush=True)
+            local_run(overrides(run_dir, batch), np, args.timeout)
+        elif key == "busy":
+            pair = [root / f"busy{i}" for i in range(2)]
+            print(f"[{s.label}] busy: 2 independent 1-rank runs at once, batch {g // 2}",
+                  flush=True)
+            pair_run([overrides(d, g // 2) for d in pair], args.timeout)
+            # The step ends with the slower rank: the slower of the two runs.
+            found[key] = max((read_run(d, args.warmup) for d in pair), key=lambda m: m.step_ms)
+            continue
+        else:
+            print(f"[{s.label}] slurm: 2 nodes x 1 rank, global batch {g}", flush=True)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            slurm_run(overrides(run_dir, g, data.resolve()), run_dir.parent, args.timeout)
+        found[key] = read_run(run_dir, args.warmup)
+    return found
+
+
+def median_run(runs: list[Measured]) -> Measured:
+    """The run with the median step time (the lower middle of an even count)."""
+    ordered = sorted(runs, key=lambda m: m.step_ms)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def model_rows(label: str, found: dict[str, Measured], net: model.Network,
+               slurm: bool) -> list[list[Any]]:
+    """check_rows from one rank alone, beside the prediction from the busy node."""
+    ref = found["ref"]
+    against = [(found["one"], 1), (found["two"], 1), *([(found["slurm"], 2)] if slurm else [])]
+    step = step_of(ref, 2 / 3, True, half=found["half"])
+    rows = check_rows(label, step, net, against, ref)
+    # The multi-rank runs again, predicted from the busy node's step (same batch per rank).
+    busy_step = step_of(found["busy"], 2 / 3, True)
+    rows[0][7:7] = ["-", "-"]
+    for row, (m, nodes) in zip(rows[1:], against):
+        if m.ranks == 1:
+            row[7:7] = ["-", "-"]
+            continue
+        total = model.step_at(busy_step, net, nodes, m.ranks // nodes, m.global_batch)[0]
+        row[7:7] = [f"{total * 1e3:.2f}", f"{total * 1e3 / m.step_ms - 1:+.0%}"]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -117,58 +181,26 @@ def main(argv: list[str] | None = None) -> int:
     net = model.Network(fit.link, inter)
     chosen = setups(args.models, args)
     data = prepare_data(work / "data", chosen, args)
-    g = args.global_batch
     rows: list[list[Any]] = []
     for s in chosen:
-        # The measurement: 1 rank at the 2-rank run's per-rank batch, and at half of it.
-        runs = {"ref": (1, g // 2), "half": (1, g // 4), "one": (1, g), "two": (2, g)}
-        dirs = {}
-        for key, (np, batch) in runs.items():
-            dirs[key] = work / s.label / key
-            a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={batch}"],
-                                      "steps": args.steps})
-            print(f"[{s.label}] {key}: {np} rank(s), global batch {batch}", flush=True)
-            local_run(train_overrides(s, data[s.data], dirs[key], a), np, args.timeout)
-        pair = [work / s.label / f"pair{i}" for i in range(2)]
-        print(f"[{s.label}] 2 independent 1-rank runs at once, batch {g // 2}", flush=True)
-        a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={g // 2}"]})
-        pair_run([train_overrides(s, data[s.data], d, a) for d in pair], args.timeout)
-        # The step ends with the slower rank: the slower of the two runs.
-        busy = max((read_run(d, args.warmup) for d in pair), key=lambda m: m.step_ms)
-        against = [(read_run(dirs["one"], args.warmup), 1), (read_run(dirs["two"], args.warmup), 1)]
-        if args.slurm:
-            dirs["slurm"] = (work / s.label / "slurm").resolve()
-            dirs["slurm"].parent.mkdir(parents=True, exist_ok=True)
-            a = argparse.Namespace(**{**vars(args), "set": [f"data.global_batch_size={g}"]})
-            print(f"[{s.label}] slurm: 2 nodes x 1 rank, global batch {g}", flush=True)
-            slurm_run(train_overrides(s, data[s.data].resolve(), dirs["slurm"], a),
-                      dirs["slurm"].parent, args.timeout)
-            against.append((read_run(dirs["slurm"], args.warmup), 2))
-        ref = read_run(dirs["ref"], args.warmup)
-        step = step_of(ref, 2 / 3, True, half=read_run(dirs["half"], args.warmup))
-        mine = check_rows(s.label, step, net, against, ref)
-        # The multi-rank runs again, predicted from the busy node's step (same batch per rank).
-        busy_step = step_of(busy, 2 / 3, True)
-        for row, (m, nodes) in zip(mine[1:], against):
-            if m.ranks == 1:
-                row[7:7] = ["-", "-"]
-                continue
-            total = model.step_at(busy_step, net, nodes, m.ranks // nodes, m.global_batch)[0]
-            row[7:7] = [f"{total * 1e3:.2f}", f"{total * 1e3 / m.step_ms - 1:+.0%}"]
-        mine[0][7:7] = ["-", "-"]
-        rows += mine
-        print(f"[{s.label}] busy node: {busy.step_ms:.2f} ms a step at {busy.global_batch} "
-              f"(alone: {ref.step_ms:.2f})", flush=True)
+        rounds = [one_round(s, data[s.data], work / s.label / f"round{r}", args, r)
+                  for r in range(args.rounds)]
+        found = {key: median_run([r[key] for r in rounds]) for key in rounds[0]}
+        print(f"[{s.label}] 1-rank step at {args.global_batch // 2} per round: "
+              f"{[round(r['ref'].step_ms, 1) for r in rounds]} ms alone, "
+              f"{[round(r['busy'].step_ms, 1) for r in rounds]} ms on a busy node", flush=True)
+        rows += model_rows(s.label, found, net, args.slurm)
     headers = ["model", "ranks", "nodes", "global batch", "predicted ms", "measured ms",
                "error", "predicted ms (busy node)", "error (busy node)", "measured"]
     print(common.format_table(headers, rows))
-    print(f"network: alpha {fit.link.alpha_s * 1e6:.1f} us, {fit.link.gbytes_per_s:.2f} GB/s "
-          f"within the node (from {args.allreduce}); across: alpha {inter.alpha_s * 1e6:.1f} us, "
-          f"{inter.gbytes_per_s:.2f} GB/s")
+    print(f"medians over {args.rounds} round(s); network: alpha {fit.link.alpha_s * 1e6:.1f} us, "
+          f"{fit.link.gbytes_per_s:.2f} GB/s within the node (from {args.allreduce}); across: "
+          f"alpha {inter.alpha_s * 1e6:.1f} us, {inter.gbytes_per_s:.2f} GB/s")
     path = common.write_json(out / f"{args.name}.json", {
         "benchmark": "plan", "headers": headers, "rows": rows,
         "network": {"intra": vars(fit.link), "inter": vars(inter)},
-        "params": {"global_batch": g, "steps": args.steps, "warmup": args.warmup}})
+        "params": {"global_batch": args.global_batch, "steps": args.steps,
+                   "warmup": args.warmup, "rounds": args.rounds}})
     print(f"wrote {path}")
     return 0
 
