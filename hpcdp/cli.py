@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hpcdp.train", "train a model data-parallel with Horovod"),
     "slurm": ("hpcdp.cluster.cli",
               "render or submit a Slurm batch script; sweeps, chains, job status"),
+    "plan": ("hpcdp.plan.cli", "how many nodes: step time, samples/s and efficiency predicted "
+             "for 1..N nodes"),
     "bench": ("hpcdp.bench", "run a benchmark (allreduce, fusion, reader, train)"),
     "doctor": ("hpcdp.doctor", "check the stack: Horovod build, MPI, parallel HDF5, GPUs, Slurm"),
     "eval": ("hpcdp.train.eval_command",

@@ -15,13 +15,14 @@ import typing
 from collections.abc import Mapping, Sequence
 
 from hpcdp.cliargs import parse_args
-from hpcdp.cluster import chain, containers, sites
+from hpcdp.cluster import chain, containers, node_range, sites
 from hpcdp.cluster.render import SIGNALS, RenderError, option_names, render, render_options
 from hpcdp.cluster.submit import check_target, submit, write_script
 
 # One line of --help per render() option.
 HELP = {
-    "nodes": "number of nodes",
+    "nodes": "number of nodes, or a range MIN-MAX (then data.global_batch_size must be set "
+             "and divide over every rank count: docs/planning.md)",
     "gpus_per_node": "GPUs per node, one rank each (0: CPU-only)",
     "ntasks_per_node": "ranks per node (CPU-only; with GPUs it must equal --gpus-per-node)",
     "cpus_per_task": "CPUs (and threads) per rank",
@@ -54,7 +55,10 @@ def _add_option(parser: argparse.ArgumentParser, name: str, param: inspect.Param
     origins = {typing.get_origin(m) for m in members}
     help_ = HELP.get(name, name).replace("%", "%%")  # argparse %-formats help strings
     shown = f"{help_} (default: {str(default).replace('%', '%%')})"
-    if name == "overrides":
+    if name == "nodes":  # a count or a range: "2" is the count 2, "1-4" stays text
+        parser.add_argument(flag, type=lambda v: int(v) if v.isdigit() else v, default=default,
+                            help=shown)
+    elif name == "overrides":
         parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                             help="training config overrides")
     elif hint is bool:
@@ -131,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.action == "submit" and chain.wanted(ns):
         try:
             options = _options(ns)
+            node_range.check(options)
         except RenderError as e:
             print(f"hpcdp slurm submit: {e}", file=sys.stderr)
             return 2
@@ -139,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if target is not None:
             check_target(flag, target, ns.overwrite)
-        script = render_options(sites.apply(ns.site, _options(ns)))
+        options = _options(ns)
+        node_range.check(options)
+        script = render_options(sites.apply(ns.site, options))
         if target is not None:
             write_script(target, script)
     except (RenderError, sites.SiteError) as e:

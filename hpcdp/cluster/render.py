@@ -43,6 +43,7 @@ _TIME = re.compile(
     r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)\Z",
     re.ASCII,  # \d is 0-9 only, and \Z refuses a trailing newline that $ would let through
 )
+_NODE_RANGE = re.compile(r"^(\d+)-(\d+)\Z", re.ASCII)
 _PLUGIN = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*=")
@@ -79,6 +80,22 @@ def _int(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise RenderError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def node_range(nodes: object) -> tuple[int, int]:
+    """(min, max) nodes from a count or a Slurm range "MIN-MAX" (the job starts on what
+    Slurm grants within it, and a requeued job may come back on another count)."""
+    if isinstance(nodes, str):
+        m = _NODE_RANGE.match(nodes)
+        if m is None:
+            raise RenderError(f"nodes must be an integer or a range MIN-MAX like 1-4, "
+                              f"got {nodes!r}")
+        low, high = int(m[1]), int(m[2])
+        if low < 1 or high < low:
+            raise RenderError(f"nodes range {nodes!r} must have 1 <= MIN <= MAX")
+        return low, high
+    count = _int("nodes", nodes, 1)
+    return count, count
 
 
 def _text(name: str, value: object) -> str:
@@ -351,7 +368,7 @@ TRAIN = TRAIN.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
 
 def render(
     *,
-    nodes: int = 1,
+    nodes: int | str = 1,
     gpus_per_node: int = 0,
     ntasks_per_node: int | None = None,
     cpus_per_task: int | None = None,
@@ -378,9 +395,11 @@ def render(
 ) -> str:
     """The batch script for one training allocation.
 
-    nodes, gpus_per_node (0: CPU-only), ntasks_per_node (default: one per GPU,
-    else 1), cpus_per_task, time (Slurm format), partition, account, qos,
-    constraint, exclusive: the allocation. signal and signal_lead (seconds
+    nodes (a count, or a range "MIN-MAX": the training then needs a global batch
+    that divides over every rank count, hpcdp.cluster.node_range), gpus_per_node
+    (0: CPU-only), ntasks_per_node (default: one per GPU, else 1), cpus_per_task,
+    time (Slurm format), partition, account, qos, constraint, exclusive: the
+    allocation. signal and signal_lead (seconds
     before the time limit) ask Slurm to warn the ranks so they can checkpoint
     and requeue; a signal the training does not catch by default is added to
     its preempt.signals. sbatch_options: further `--name=value` options. modules
@@ -408,7 +427,7 @@ def render(
 class _Allocation:
     """render()'s allocation, checked."""
 
-    nodes: int
+    nodes: str  # "N", or "MIN-MAX"
     gpus_per_node: int
     ntasks_per_node: int | None
     cpus_per_task: int | None
@@ -422,7 +441,8 @@ def _allocation(nodes: object, gpus_per_node: object, ntasks_per_node: object,
                 cpus_per_task: object, time: str, signal: str, signal_lead: object,
                 exclusive: object) -> _Allocation:
     """The allocation's values checked against each other and Slurm's limits."""
-    nodes = _int("nodes", nodes, 1)
+    low, high = node_range(nodes)
+    nodes = str(low) if low == high else f"{low}-{high}"
     gpus_per_node = _int("gpus_per_node", gpus_per_node, 0)
     if ntasks_per_node is not None:
         ntasks_per_node = _int("ntasks_per_node", ntasks_per_node, 1)
@@ -460,8 +480,11 @@ def _sbatch_lines(alloc: _Allocation, job_name: str, output: str,
         f"--nodes={alloc.nodes}",
     ]
     # Left out by default, so that `sbatch --ntasks=N` or `--gpus-per-node=G` decide.
-    if alloc.ntasks_per_node or alloc.gpus_per_node:
-        sb.append(f"--ntasks-per-node={alloc.ntasks_per_node or alloc.gpus_per_node}")
+    per_node = alloc.ntasks_per_node or alloc.gpus_per_node
+    # On a node range, --ntasks-per-node=1 makes Slurm count MIN tasks, one per node, so
+    # the job never gets more than MIN nodes; one rank per node is its default anyway.
+    if per_node and not ("-" in alloc.nodes and per_node == 1):
+        sb.append(f"--ntasks-per-node={per_node}")
     if alloc.gpus_per_node:
         sb.append(f"--gpus-per-node={alloc.gpus_per_node}")
     if alloc.cpus_per_task is not None:

@@ -40,6 +40,7 @@ else:  # pragma: no cover
 EXAMPLES = Path(__file__).resolve().parents[2] / "slurm" / "sites"
 
 STR, STRS, ENV, TABLE = "a string", "a list of strings", "a table of NAME = value", "a table"
+NUM, BOOL, COUNT = "a number not below 0", "true or false", "a positive integer"
 # Every key a profile may hold, with its kind; tables nest.
 SCHEMA: dict[str, Any] = {
     "description": STR,
@@ -52,6 +53,10 @@ SCHEMA: dict[str, Any] = {
     "srun": {"mpi": STR, "cpu_bind": STR, "gpu_bind": STR, "options": STRS},
     "env": ENV,
     "container": TABLE,  # checked by hpcdp.cluster.containers
+    # The network model `hpcdp plan` predicts with (hpcdp.plan.network); no render() option.
+    "network": {"intra_latency_us": NUM, "intra_gbytes_per_s": NUM, "inter_latency_us": NUM,
+                "inter_gbytes_per_s": NUM, "reduce_gbytes_per_s": NUM, "hierarchical": BOOL,
+                "ranks_per_node": COUNT},
 }
 # The render() options a profile sets, by profile key.
 OPTION = {
@@ -114,6 +119,16 @@ def _check(where: str, key: str, kind: str, value: object) -> object:
             if isinstance(item, bool) or not isinstance(item, (str, int)) or "\n" in str(item):
                 raise _kind_error(where, f"{key}.{name}", "a one-line string or an integer", item)
         return {name: str(item) for name, item in value.items()}
+    elif kind == NUM:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+                or value == float("inf"):
+            raise _kind_error(where, key, kind, value)
+    elif kind == BOOL:
+        if not isinstance(value, bool):
+            raise _kind_error(where, key, kind, value)
+    elif kind == COUNT:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _kind_error(where, key, kind, value)
     elif not isinstance(value, dict):
         raise _kind_error(where, key, kind, value)
     return value

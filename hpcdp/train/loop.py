@@ -301,7 +301,8 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
         **val, "samples_per_s": throughput, **rates, "steps": state.step, "epochs": state.epoch,
         "world_size": run.size, "task": cfg.task.name, "model": cfg.model.name,
         "global_batch": run.global_batch, "lr_scaling": cfg.optim.lr_scaling,
-        "peak_lr": run.schedule.peak_lr,
+        "peak_lr": run.schedule.peak_lr, "samples_seen": state.samples_seen,
+        "gradients": setup.gradient_layout(run),  # for `hpcdp plan` (hpcdp.plan.measure)
         "run_dir": str(cfg.run_dir), "checkpoint": str(final) if final.exists() else None,
         "metrics": str(rep.jsonl_path), "tensorboard": str(rep.tb_dir),
         "resumed_from": resumed_from, "data_paths_read": run.data_paths_read,

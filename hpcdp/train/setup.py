@@ -8,6 +8,7 @@ on the result.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +257,24 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
         except ValueError as e:  # parameters of several dtypes or devices
             log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
     return dist.distributed_optimizer(base, named, cfg.horovod)
+
+
+def gradient_layout(run: Run) -> dict[str, Any]:
+    """Each gradient's bytes in backward's order (the reverse of the parameters'), the
+    flat bucket size (0: Horovod's fusion, HOROVOD_FUSION_THRESHOLD bytes): what
+    `hpcdp plan` models the all-reduces with, read from a 1-rank run that made none."""
+    seen: set[int] = set()
+    sizes = []
+    for opt in run.optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    sizes.append(p.numel() * p.element_size())
+    fusion = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
+    return {"tensor_bytes": sizes[::-1], "bucket_bytes": bucket_bytes(run.cfg, run.device),
+            "fusion_threshold": int(fusion) if fusion.isdigit() else None,
+            "sparse": bool(sparse_tables(run.model))}
 
 
 def sparse_tables(model: torch.nn.Module) -> set[int]:

@@ -167,7 +167,8 @@ def test_top_level_help_describes_the_actions(capsys: pytest.CaptureFixture[str]
 
 
 HELP_LINES = [
-    "--nodes NODES number of nodes (default: 1)",
+    "--nodes NODES number of nodes, or a range MIN-MAX (then data.global_batch_size must be "
+    "set and divide over every rank count: docs/planning.md) (default: 1)",
     "--time TIME time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
     "(default: 01:00:00)",
     "--exclusive, --no-exclusive whole nodes",
