@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcdp.bench.common import format_table
 from hpcdp.cliargs import parse_args
 
 BENCHMARKS: dict[str, str] = {
@@ -104,8 +105,6 @@ def overhead_rows(model: str, inproc: dict[str, Any]) -> list[tuple[str, str, bo
 
 def run_all(argv: list[str]) -> int:
     """Every benchmark in turn into one folder, then the table of targets."""
-    from hpcdp.bench.common import format_table
-
     p = argparse.ArgumentParser(prog="hpcdp bench all")
     p.add_argument("--out", default="bench/results", help="folder for every JSON and PNG")
     p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")

@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcdp.cliargs import parse_args
+
 MAGIC = b"HPCDP-CHECKPOINT 2\n"  # 2: the payload loads with torch.load(weights_only=True)
 LEGACY_MAGIC = b"HPCDP-CHECKPOINT 1\n"  # 1: held NumPy arrays, loadable only by full unpickling
 NAME_RE = re.compile(r"^step-(\d+)\.pt$")
@@ -504,8 +506,6 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--out", type=Path, help="write here instead of replacing the file")
     conv.add_argument("--allow-group-write", action="store_true",
                       help="accept a file or folder that your group can write")
-    from hpcdp.cliargs import parse_args
-
     args = parse_args(p, argv)
     out = args.out or args.path
     try:

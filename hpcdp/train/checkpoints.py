@@ -30,6 +30,7 @@ from hpcdp.runtime import dist, watchdog
 from hpcdp.train import checkpoint_files as ckpt
 from hpcdp.train import schedule as sched
 from hpcdp.train.numerics import finite
+from hpcdp.train.setup import seed_everything
 
 log = logging.getLogger("hpcdp.train")
 
@@ -277,8 +278,6 @@ class CheckpointManager:
 
     def load(self, state: dict[str, Any], run: Any) -> TrainState:
         """Restore every part a checkpoint holds on this rank; returns the train state."""
-        from hpcdp.train.setup import seed_everything
-
         run.model.load_state_dict(state["model"])
         saved = state["optimizers"] if "optimizers" in state else [state["optimizer"]]
         if len(saved) != len(run.optimizers):
