@@ -62,7 +62,9 @@ import math
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from hpcdp.config import HorovodConfig
 from hpcdp.runtime.cpus import CpuView, format_cpu_list, probe
 
 #: Horovod's own fusion threshold (bytes): kept on GPUs and under Gloo.
@@ -99,7 +101,7 @@ def recommended_env(overrides: Mapping[str, object] | None = None, ranks: int = 
     """hpcdp's settings for `ranks` ranks started from here on this process's CPUs
     (unbound), with `overrides` winning (e.g. from a config file): threads and yielding.
     The fusion threshold and the cycle time depend on the device, the controller and
-    the Horovod build: each rank chooses them at `hvd.init()` (hpcdp.runtime.dist.horovod_env)."""
+    the Horovod build: each rank chooses them at `hvd.init()` (`horovod_env`)."""
     plan = plan_runtime(view or probe(), ranks, {})
     env = dict(plan.env)
     if overrides:
@@ -214,6 +216,36 @@ def cycle_env(environ: Mapping[str, str], patched: bool) -> dict[str, str]:
     if "HOROVOD_CYCLE_TIME" in environ or not (patched and wake_requested(environ)):
         return {}
     return {"HOROVOD_CYCLE_TIME": str(WOKEN_CYCLE_MS)}
+
+
+def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
+                environ: Mapping[str, str] | None = None,
+                patched: bool = False) -> dict[str, str]:
+    """Every HOROVOD_* variable hpcdp sets before `hvd.init()` (pure; dist.init applies it).
+
+    The fusion threshold: the config's, else one already in `environ`, else
+    hpcdp's for the device and CPU backend (`fusion_threshold_bytes`). The wake on
+    enqueue: `wake_env`. The cycle time: the config's, else one in `environ`, else
+    hpcdp's for whether the Horovod build (`patched`) wakes on enqueue (`cycle_env`).
+    Stall checks and the timeline (relative to `run_dir`): the config's, when set.
+    """
+    env: dict[str, str] = {}
+    if hc.fusion_threshold_mb >= 0:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(hc.fusion_threshold_mb * 1024 * 1024))
+    else:
+        env.update(fusion_env(environ or {}, on_gpu))
+    env.update(wake_env(environ or {}, on_gpu))
+    env.update(cycle_env({**(environ or {}), **env}, patched))
+    if hc.cycle_time_ms >= 0:
+        env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
+    if hc.stall_check_s >= 0:
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = f"{hc.stall_check_s:g}"
+    if hc.stall_shutdown_s >= 0:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = f"{hc.stall_shutdown_s:g}"
+    if hc.timeline:
+        path = Path(hc.timeline)
+        env["HOROVOD_TIMELINE"] = str(path if path.is_absolute() else run_dir / path)
+    return env
 
 
 def wake_text(environ: Mapping[str, str], patched: bool) -> str:
