@@ -34,3 +34,20 @@ def make_data(tmp_path: Path) -> Callable[[int, int], Path]:
         return d
 
     return _make
+
+
+@pytest.fixture
+def args(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
+    """`args(data, run, *extra)`: the overrides of one small training run.
+
+    The data and run folders, then the test module's RUN_SETTINGS (its batch, epochs,
+    logging...), then `extra`: a key given again later wins. A module with RUN_COMMAND
+    gets the whole command line (that command first).
+    """
+    command = list(getattr(request.module, "RUN_COMMAND", ()))
+    settings = tuple(request.module.RUN_SETTINGS)
+
+    def make(data: Path, run: Path, *extra: str) -> list[str]:
+        return [*command, f"data.path={data}", f"run.dir={run}", *settings, *extra]
+
+    return make
