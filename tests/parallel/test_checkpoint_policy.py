@@ -27,18 +27,8 @@ BOUND = 120.0
 _TAGGED = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:((?:(?!\[\d+,\d+\]<std).)*)", re.S)
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-RUN_SETTINGS = (
-    "data.batch_size=16",
-    "data.val_batch_size=16",
-    "log.every_steps=5",
-    "log.tensorboard=false",
-    "log.progress=false",
-    "run.epochs=2",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=5", "log.progress=false", "run.epochs=2",
 )
 
 

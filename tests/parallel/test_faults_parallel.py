@@ -33,18 +33,8 @@ STEPS = N_TRAIN // 32  # batch 16 per rank, 2 ranks, one epoch
 LIMIT = 60.0  # what the issue allows a failing job to take
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-RUN_SETTINGS = (
-    "data.batch_size=16",
-    "data.val_batch_size=16",
-    "log.every_steps=2",
-    "log.tensorboard=false",
-    "checkpoint.every_steps=2",
-    "run.epochs=1",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=2", "checkpoint.every_steps=2", "run.epochs=1",
 )
 RUN_COMMAND = TRAIN
 

@@ -74,19 +74,10 @@ def on_every_rank(output: str, needle: str) -> None:
     assert ranks_saying >= {0, 1}, output
 
 
-RUN_SETTINGS = (
-    "task.name=lm",
-    f"lm.seq_len={SEQ}",
-    "lm.layers=1",
-    "lm.heads=2",
-    "lm.width=16",
-    "data.batch_size=8",
-    "data.val_batch_size=8",
-    "log.every_steps=4",
-    "log.tensorboard=false",
-    "checkpoint.every_steps=0",
-    "run.epochs=2",
-    "data.virtual_shards=8",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "task.name=lm", f"lm.seq_len={SEQ}", "lm.layers=1", "lm.heads=2", "lm.width=16",
+    "data.batch_size=8", "data.val_batch_size=8", "log.every_steps=4",
+    "checkpoint.every_steps=0", "run.epochs=2", "data.virtual_shards=8",
 )
 
 

@@ -48,12 +48,8 @@ def data(make_data) -> Path:
     return make_data(480, 96)
 
 
-RUN_SETTINGS = (
-    "data.batch_size=16",
-    "data.val_batch_size=16",
-    "log.tensorboard=false",
-    "checkpoint.every_steps=0",
-    "run.epochs=1",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "checkpoint.every_steps=0", "run.epochs=1",
 )
 
 

@@ -29,13 +29,8 @@ def data(make_data) -> Path:
     return make_data(480, 96)
 
 
-RUN_SETTINGS = (
-    "data.batch_size=16",
-    "data.val_batch_size=16",
-    "log.tensorboard=false",
-    "log.progress=false",
-    "checkpoint.every_steps=0",
-    "run.epochs=1",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.progress=false", "checkpoint.every_steps=0", "run.epochs=1",
 )
 
 

@@ -27,18 +27,8 @@ FLOOR = 5.0  # run.stall_floor_s: the bound once steps are measured (they take m
 TAG = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # mpirun, horovodrun --gloo
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-RUN_SETTINGS = (
-    "data.batch_size=16",
-    "data.val_batch_size=16",
-    "log.every_steps=2",
-    "log.tensorboard=false",
-    "run.epochs=1",
-    f"run.stall_floor_s={FLOOR:g}",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=2", "run.epochs=1", f"run.stall_floor_s={FLOOR:g}",
     # the start (imports done, init to the first step) on a loaded machine
     "run.stall_warmup_factor=8",
 )

@@ -26,19 +26,8 @@ TRAIN = [sys.executable, "-m", "hpcdp.train"]
 BOUND = 120.0
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-RUN_SETTINGS = (
-    "data.batch_size=16",
-    "data.val_batch_size=16",
-    "optim.lr=0.05",
-    "log.every_steps=5",
-    "log.tensorboard=false",
-    "checkpoint.every_steps=0",
-    "run.epochs=2",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "optim.lr=0.05", "log.every_steps=5", "checkpoint.every_steps=0", "run.epochs=2",
 )
 
 

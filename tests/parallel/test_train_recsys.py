@@ -50,18 +50,10 @@ def clicks(tmp_path: Path) -> Path:
     return d
 
 
-RUN_SETTINGS = (
-    "task.name=recsys",
-    "data.batch_size=32",
-    "data.val_batch_size=32",
-    "data.virtual_shards=8",
-    f"recsys.embed_dim={EMBED}",
-    "recsys.bottom=[8]",
-    "recsys.top=[8]",
-    "log.every_steps=4",
-    "log.tensorboard=false",
-    "run.epochs=2",
-    "optim.lr=0.01",
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "task.name=recsys", "data.batch_size=32", "data.val_batch_size=32",
+    "data.virtual_shards=8", f"recsys.embed_dim={EMBED}", "recsys.bottom=[8]",
+    "recsys.top=[8]", "log.every_steps=4", "run.epochs=2", "optim.lr=0.01",
 )
 
 
