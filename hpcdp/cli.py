@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from hpcdp import __version__
 from hpcdp.runtime.crash import report_crashes
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -47,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name in ("-V", "--version"):
-        from hpcdp import __version__
-
         print(__version__)
         return 0
     if name not in SUBCOMMANDS:

@@ -670,14 +670,22 @@ def _validate_more(cfg: Config) -> None:
             raise ConfigError(f"{key} must not hold a NUL character")
 
 
+def stage_name_error(key: str, name: str) -> str | None:
+    """Why a data file name cannot be staged (it must stay inside the stage dir), or None."""
+    parts = name.replace("\\", "/").split("/")
+    if os.path.isabs(name) or ".." in parts:
+        return (f"{key}={name!r}: with data.stage_dir set, the file must be a path inside "
+                "data.path (relative, without '..'), so that its copy lands inside the "
+                "stage dir")
+    return None
+
+
 def _validate_staging(cfg: Config) -> None:
     """File names that keep their copies inside data.stage_dir (expanded later, per node)."""
     if not cfg.data.stage_dir:
         return
-    from hpcdp.data.staging.plan import name_error
-
     for key in ("data.train_file", "data.val_file"):
-        error = name_error(key, getattr(cfg.data, key.split(".")[1]))
+        error = stage_name_error(key, getattr(cfg.data, key.split(".")[1]))
         if error:
             raise ConfigError(error)
 

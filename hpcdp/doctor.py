@@ -310,9 +310,11 @@ def runtime_checks(reports: list[RuntimeReport]) -> list[Check]:
 
 def my_placement(hvd) -> tuple[RankPlacement, list[str]]:
     """This rank's placement, and any disagreement between Horovod and the launcher."""
+    # Imported here, not at the top: doctor must still report when torch or Horovod
+    # fails to import. dist is training's own placement record, so both judge the same facts.
     import torch
 
-    from hpcdp.runtime import dist  # training's own placement record, so both judge the same facts
+    from hpcdp.runtime import dist
 
     if torch.cuda.is_available():
         index = device_index_for_local_rank(hvd.local_rank(), torch.cuda.device_count())

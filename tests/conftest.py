@@ -1,4 +1,4 @@
-"""Shared fixtures: bounded multi-rank runs under a real launcher."""
+"""Shared fixtures: bounded multi-rank runs under a real launcher; small HDF5 files."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 
 from hpcdp.runtime.launcher import RankRun, run_ranks
@@ -61,3 +63,43 @@ def _restore_environment():
     for key in set(os.environ) - set(saved):
         del os.environ[key]
     os.environ.update(saved)
+
+
+def write_samples(path: Path, n: int, chunk: int | None = 16, x_name: str = "x",
+                  y_name: str = "y", dtype: str = "float32") -> Path:
+    """x[i] = (i, -i) (or i % 251 for uint8) and y[i] = i: every sample names itself."""
+    with h5py.File(path, "w") as f:
+        if dtype == "uint8":
+            x = (np.arange(n)[:, None, None] % 251 * np.ones((1, 2, 3))).astype(np.uint8)
+        else:
+            x = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(dtype)
+        f.create_dataset(x_name, data=x, chunks=(chunk, *x.shape[1:]) if chunk else None)
+        f.create_dataset(y_name, data=np.arange(n, dtype=np.int64),
+                         chunks=(chunk,) if chunk else None)
+    return path
+
+
+def write_fields(path: Path, n: int = 1000, chunks: tuple[int, int, int] = (16, 16, 16)) -> Path:
+    """Every field names its row: dense (i, -i), sparse (i, 2i, 3i), label i % 2."""
+    i = np.arange(n)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("dense", data=np.stack([i, -i], 1).astype(np.float32),
+                         chunks=(chunks[0], 2))
+        f.create_dataset("sparse", data=np.stack([i, 2 * i, 3 * i], 1).astype(np.int32),
+                         chunks=(chunks[1], 3))
+        f.create_dataset("label", data=(i % 2).astype(np.uint8), chunks=(chunks[2],))
+    return path
+
+
+@pytest.fixture
+def samples_file() -> Callable[..., Path]:
+    """`samples_file(path, n, chunk=16, x_name, y_name, dtype)`: an image-reader file
+    whose every sample names itself (write_samples)."""
+    return write_samples
+
+
+@pytest.fixture
+def fields_file() -> Callable[..., Path]:
+    """`fields_file(path, n=1000, chunks=(16, 16, 16))`: a field-reader file whose every
+    row names itself (write_fields)."""
+    return write_fields

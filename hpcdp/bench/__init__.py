@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcdp.bench.common import format_table
 from hpcdp.cliargs import parse_args
 
 BENCHMARKS: dict[str, str] = {
@@ -31,8 +32,8 @@ TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
 DATA_SHARE_OF = {"gpt2_124m": 0.02}
 ALLREDUCE_TARGET = 0.8  # Horovod's bus bandwidth over raw MPI's at the largest size
 #: hpcdp's 1-rank step over the bare loop's, measured in one process: at most this share
-#: of the bare step (ResNet-18), or these milliseconds (the digits CNN, whose 2 ms step
-#: is mostly fixed costs: half the 0.92 ms it had before issue 22).
+#: of the bare step (ResNet-18), or these milliseconds (the digits CNN, whose
+#: millisecond steps are mostly fixed costs, so a share would measure noise).
 OVERHEAD_SHARE_OF = {"resnet18": 0.02}
 OVERHEAD_MS_OF = {"digits_cnn": 0.46}
 
@@ -104,8 +105,6 @@ def overhead_rows(model: str, inproc: dict[str, Any]) -> list[tuple[str, str, bo
 
 def run_all(argv: list[str]) -> int:
     """Every benchmark in turn into one folder, then the table of targets."""
-    from hpcdp.bench.common import format_table
-
     p = argparse.ArgumentParser(prog="hpcdp bench all")
     p.add_argument("--out", default="bench/results", help="folder for every JSON and PNG")
     p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")

@@ -36,6 +36,7 @@ from typing import Any
 from hpcdp.bench import common
 from hpcdp.bench.common import RunConfig
 from hpcdp.cliargs import parse_args
+from hpcdp.config import HorovodConfig
 from hpcdp.runtime import hvd_settings
 
 COLUMNS = ("memcpy", "alloc", "mpi_solo", "mpi", "mpi_", "mpi_new", "hvd", "hvd_", "hvd_avg")
@@ -182,9 +183,9 @@ def _worker(args: argparse.Namespace) -> int:
                 del src, dst, s_np, d_np
     compute = {"solo": _compute_rounds(args.compute_rounds, comm.Barrier if comm else no_sync)}
 
+    # Horovod in the ranks only: the parent that launches them must start fast.
     import horovod.torch as hvd
 
-    from hpcdp.config import HorovodConfig
     from hpcdp.runtime import dist
 
     # Started as training starts it: the fusion threshold from the environment, else

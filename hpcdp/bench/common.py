@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from hpcdp import files
 from hpcdp.runtime.launcher import LAUNCHERS, run_ranks
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
@@ -155,10 +156,7 @@ def write_json(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     data = {"meta": machine_metadata(), **payload}
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, target)
-    return target
+    return files.write_atomic(target, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:

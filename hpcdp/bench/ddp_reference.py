@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcdp.bench.common import pythonpath
+from hpcdp.bench.processes import run_together
 from hpcdp.runtime import hvd_settings
 
 
@@ -56,6 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: DDP training for warmup + steps optimizer steps, timed after the warm-up."""
+    # torch in the rank only: `hpcdp bench train` imports this module to launch ranks.
     import torch
     import torch.distributed as torch_dist
     import torch.nn.functional as F
@@ -118,6 +121,7 @@ def worker(args: argparse.Namespace) -> None:
 def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any, Any, Any]:
     """The lm task's pieces: token windows, the GPT of the given shape (lm_markov.toml's by
     default), AdamW groups."""
+    # torch in the rank only: `hpcdp bench train` imports this module to launch ranks.
     import torch
 
     from hpcdp.data.tokens.reader import TokenReader
@@ -135,6 +139,7 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
 
 def bare(args: argparse.Namespace) -> None:
     """One independent process: the bare loop on one in-memory batch; its own JSON."""
+    # torch in the rank only: `hpcdp bench train` imports this module to launch ranks.
     import torch
     import torch.nn.functional as F
 
@@ -187,9 +192,6 @@ def free_port() -> int:
 
 def launch(worker_args: Sequence[str], np: int, timeout: float) -> tuple[bool, str]:
     """Start `np` ranks as plain processes; kill them all at `timeout`. Returns (ok, output)."""
-    from hpcdp.bench.common import pythonpath
-    from hpcdp.bench.processes import run_together
-
     threads = hvd_settings.recommended_env(ranks=np)["OMP_NUM_THREADS"]  # hpcdp's rule, as hpcdp
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                 WORLD_SIZE=str(np), OMP_NUM_THREADS=threads, HDF5_USE_FILE_LOCKING="FALSE",

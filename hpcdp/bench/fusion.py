@@ -32,6 +32,7 @@ from hpcdp.bench import common
 from hpcdp.bench.allreduce import resolve_device
 from hpcdp.bench.common import RunConfig
 from hpcdp.cliargs import parse_args
+from hpcdp.config import HorovodConfig
 from hpcdp.runtime import hvd_settings
 from hpcdp.runtime.launcher import LAUNCHERS
 
@@ -70,12 +71,14 @@ def builtin_configs(launcher: str, other: bool = False, np: int = 2) -> dict[str
 def _worker(args: argparse.Namespace) -> int:
     """One rank: time rounds of N tensors reduced asynchronously, each handed to Horovod
     (in place) or, with --bucket-bytes, to hpcdp's gradient buckets; rank 0 writes the JSON."""
+    # torch and Horovod in the ranks only: the parent that launches them must start fast.
     import horovod.torch as hvd
     import torch
 
-    device = resolve_device(args.device, torch.cuda.is_available())
-    from hpcdp.config import HorovodConfig
     from hpcdp.runtime import dist
+    from hpcdp.runtime.grad_buckets import bucketed
+
+    device = resolve_device(args.device, torch.cuda.is_available())
 
     # Started as training starts it: the fusion threshold from the environment, else
     # hpcdp's rule for this device and controller.
@@ -92,8 +95,6 @@ def _worker(args: argparse.Namespace) -> int:
             torch.mm(a, b)
 
     if args.bucket_bytes:
-        from hpcdp.runtime.grad_buckets import bucketed
-
         # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
         params = [torch.nn.Parameter(torch.zeros(n, device=device)) for _ in tensors]
         opt = bucketed(torch.optim.SGD(params, lr=0.0), args.bucket_bytes)

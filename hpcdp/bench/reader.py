@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             dataset_bytes = d.size * d.dtype.itemsize
             chunk_rows = d.chunks[0] if d.chunks else None
         _raw_pass(path, args.x_name)  # warm the page cache
+        # torch and h5py only once a file exists: --help and bad arguments answer at once.
         import psutil
 
         from hpcdp.data.reader import ShardedReader

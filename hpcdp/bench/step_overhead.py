@@ -34,6 +34,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hpcdp import config as cfgmod
+from hpcdp import tasks
+from hpcdp.runtime import dist
+from hpcdp.runtime.preempt import Preemption
+from hpcdp.tasks import fusable
+from hpcdp.train import setup
+from hpcdp.train.evaluate import MetricSums
+from hpcdp.train.hooks import Hooks
+from hpcdp.train.loop import agree_stop
+from hpcdp.train.reporting import StepTimes
+from hpcdp.train.step import train_step
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpcdp.bench.step_overhead",
@@ -54,16 +66,10 @@ class HpcdpSide:
     """hpcdp's step and what the loop does around it on one rank (no checkpoints)."""
 
     def __init__(self, run: Any, cfg: Any, run_dir: Path) -> None:
-        from hpcdp.train.evaluate import MetricSums
-        from hpcdp.train.hooks import Hooks
-        from hpcdp.train.reporting import StepTimes
-
         self.run, self.cfg = run, cfg
         self.hooks = Hooks(cfg, 0, run_dir)
         self.preempt = None
         if cfg.preempt.enabled and cfg.preempt.signals:
-            from hpcdp.runtime.preempt import Preemption
-
             self.preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
         self.sums = MetricSums(run.task.metrics, run.device, training=True)
         self.window = StepTimes()
@@ -79,10 +85,6 @@ class HpcdpSide:
             epoch += 1
 
     def steps(self, n: int, feed: Any) -> None:
-        from hpcdp.train.loop import agree_stop
-        from hpcdp.train.reporting import StepTimes
-        from hpcdp.train.step import train_step
-
         run = self.run
         for _ in range(n):
             lr = run.schedule.lr(self.step % max(run.total_steps, 1))
@@ -121,12 +123,6 @@ def timed(fn: Any, n: int) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from hpcdp import config as cfgmod
-    from hpcdp import tasks
-    from hpcdp.runtime import dist
-    from hpcdp.tasks import fusable
-    from hpcdp.train import setup
-
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="hpcdp-step-overhead-") as tmp:
         cfg = cfgmod.build(args.config, [f"run.dir={tmp}", "log.tensorboard=false",

@@ -41,6 +41,7 @@ from hpcdp.bench import (
     TARGET_VS_CEILING,
     ceiling,
     common,
+    ddp_reference,
     train_lm,
     train_overhead,
     train_recsys,
@@ -53,6 +54,8 @@ from hpcdp.bench.train_setups import (
     setups,
     train_overrides,
 )
+from hpcdp.runtime.launcher import run_ranks
+from hpcdp.train.reporting import read_jsonl
 
 TARGET_DATA_SHARE = 0.05
 LM_SHAPE = "gpt2_124m"
@@ -264,8 +267,6 @@ def run_training(s: Setup, data: Path, np: int, run_dir: Path,
                  args: argparse.Namespace) -> dict[str, Any]:
     """One real training run on `np` ranks; its steady-state figures (and, for the click
     model, the table gradient MiB one rank hands to Horovod per step)."""
-    from hpcdp.runtime.launcher import run_ranks
-
     argv = [sys.executable, "-m", "hpcdp.train", *train_overrides(s, data, run_dir, args)]
     run = run_ranks(argv, np=np, launcher="mpirun", timeout=args.timeout,
                     env={"PYTHONPATH": common.pythonpath()})
@@ -296,8 +297,6 @@ def reference_args(s: Setup, data: Path, args: argparse.Namespace) -> list[str]:
 
 def run_ddp(s: Setup, data: Path, np: int, json_path: Path,
             args: argparse.Namespace) -> dict[str, Any]:
-    from hpcdp.bench import ddp_reference
-
     ok, output = ddp_reference.launch([*reference_args(s, data, args), "--json",
                                        str(json_path)], np, args.timeout)
     if not ok:
@@ -308,8 +307,6 @@ def run_ddp(s: Setup, data: Path, np: int, json_path: Path,
 def run_bare(s: Setup, data: Path, np: int, json_path: Path,
              args: argparse.Namespace) -> dict[str, Any]:
     """`np` independent bare loops at once (hpcdp.bench.ddp_reference --bare)."""
-    from hpcdp.bench import ddp_reference
-
     ok, output, figures = ddp_reference.launch_bare(reference_args(s, data, args), json_path,
                                                     np, args.timeout)
     if not ok:
@@ -440,8 +437,6 @@ def run_ceiling_rounds(chosen: Sequence[Setup], data: Mapping[str, Path], work: 
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    from hpcdp.train.reporting import read_jsonl
-
     return read_jsonl(run_dir / "metrics.jsonl")
 
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from hpcdp.data.tokens import layout as tk
+
 SHAPE = {"layers": 12, "heads": 12, "width": 768}
 SEQ_LEN = 1024
 VOCAB = 50257
@@ -42,10 +46,6 @@ def tokens_for(windows: int, seq_len: int = SEQ_LEN) -> int:
 
 def write_corpus(out: Path, windows: int, val_windows: int = 2, seed: int = 0) -> Path:
     """train.h5 and val.h5 of uniform random tokens in the GPT-2 vocabulary; `out`."""
-    import numpy as np
-
-    from hpcdp.data.tokens import layout as tk
-
     rng = np.random.default_rng(seed)
     eod = VOCAB - 1
     out.mkdir(parents=True, exist_ok=True)

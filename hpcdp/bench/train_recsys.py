@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcdp import config as hc
 from hpcdp.bench import common
+from hpcdp.tasks import defaults
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "clicks.toml"
 MODES = ("sparse", "dense")
@@ -82,6 +84,7 @@ def overrides(v: Variant) -> list[str]:
 def sent_mib(mode: str, payload_mib: float, mlp_bytes: int, ranks: int) -> float:
     """MiB one rank sends per step on `ranks` ranks, each handing `payload_mib` of table
     gradients to Horovod (the ring model of hpcdp.runtime.sparse_grads)."""
+    # torch only when called: `hpcdp bench train`, the parent, imports this module.
     from hpcdp.runtime import sparse_grads as grads
 
     payload = payload_mib * 2**20
@@ -152,8 +155,7 @@ def table(comparison: Mapping[str, Mapping[str, Any]], ranks: int = 2) -> str:
 def mlp_bytes(overrides_: Sequence[str], data: Path) -> int:
     """Bytes of the MLPs' gradients (float32) of the model the runs train: the config
     file with the same overrides, its shape read from the data's schema."""
-    from hpcdp import config as hc
-    from hpcdp.tasks import defaults
+    # torch only when called: `hpcdp bench train`, the parent, imports this module.
     from hpcdp.tasks.recsys import schema
 
     cfg = hc.build(CONFIG, [f"data.path={data}", *overrides_], task_defaults=defaults)
@@ -164,6 +166,7 @@ def mlp_bytes(overrides_: Sequence[str], data: Path) -> int:
 def mlp_bytes_of(dense_features: int, fields: int, embed_dim: int, bottom: Sequence[int],
                  top: Sequence[int]) -> int:
     """Bytes of a DLRM's float32 parameters outside its tables (one-row tables built)."""
+    # torch only when called: `hpcdp bench train`, the parent, imports this module.
     from hpcdp.models.dlrm import DLRM, split_params
 
     _, rest = split_params(DLRM(dense_features, [1] * fields, embed_dim, bottom, top))

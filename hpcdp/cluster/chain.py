@@ -25,10 +25,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcdp import config as cfgmod
+from hpcdp import tasks
 from hpcdp.cluster import jobstatus, sweep
 from hpcdp.cluster import render as slurm
 from hpcdp.cluster import submit as sbatch
 from hpcdp.cluster.render import RenderError
+from hpcdp.config import ConfigError
 
 DEFAULT_OUTPUT = "%x-%j.out"
 _JOB = re.compile(r"^\d+(?:_\d+)?\Z", re.ASCII)
@@ -102,9 +105,6 @@ def array_option(count: int, throttle: int | None) -> str:
 def build_config(path: str | None, overrides: Sequence[str],
                  environ: Mapping[str, str]) -> Any:
     """config.build with the tasks' defaults, as `hpcdp train` builds it."""
-    from hpcdp import config as cfgmod
-    from hpcdp import tasks
-
     return cfgmod.build(path, list(overrides), tasks.defaults, environ=environ)
 
 
@@ -118,8 +118,6 @@ def _config_and_overrides(options: Mapping[str, object]) -> tuple[str | None, li
 def check_training(options: Mapping[str, object]) -> None:
     """The training's config, built before a chain submits anything (its data may not
     exist yet: missing paths are fine; the job's variables stand in)."""
-    from hpcdp.config import ConfigError
-
     config, overrides = _config_and_overrides(options)
     try:
         build_config(config, overrides, {**os.environ, **dict.fromkeys(sweep.JOB_VARS, "0")})

@@ -74,12 +74,21 @@ def _closest(name: str, known: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
-def _text(key: str, value: object) -> str:
+def line_problem(key: str, value: object) -> str | None:
+    """Why `value` cannot go into one line of a batch script, or None (pure; the
+    renderer's options and the container settings share the rule)."""
     if not isinstance(value, str) or not value.strip():
-        raise ContainerError(f"{key} must be a non-empty string, got {value!r}")
+        return f"{key} must be a non-empty string, got {value!r}"
     if "\n" in value or "\r" in value:
-        raise ContainerError(f"{key} must be one line, got {value!r}")
-    return value
+        return f"{key} must be one line, got {value!r}"
+    return None
+
+
+def _text(key: str, value: object) -> str:
+    problem = line_problem(key, value)
+    if problem:
+        raise ContainerError(problem)
+    return str(value)
 
 
 def _texts(key: str, value: object) -> tuple[str, ...]:

@@ -99,11 +99,10 @@ def node_range(nodes: object) -> tuple[int, int]:
 
 
 def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise RenderError(f"{name} must be a non-empty string, got {value!r}")
-    if "\n" in value or "\r" in value:
-        raise RenderError(f"{name} must be one line, got {value!r}")
-    return value
+    problem = containers.line_problem(name, value)
+    if problem:
+        raise RenderError(problem)
+    return str(value)
 
 
 def _sbatch_value(name: str, value: object) -> str:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpcdp import files
 from hpcdp.cluster.render import RenderError
 
 
@@ -46,10 +46,4 @@ def check_target(flag: str, path: str, overwrite: bool) -> None:
 
 def write_script(path: str, script: str) -> None:
     """Write under a temporary name, then rename: a reader never sees half a script."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(script)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    files.write_atomic(path, script)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp import config as cfgmod
+from hpcdp import files
 from hpcdp.config import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -274,13 +275,7 @@ def save(sweep_dir: Path, data: Mapping[str, Any]) -> Path:
                              "(the same sweep again is fine: its tasks resume)")
         return path
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{SWEEP_FILE}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return files.write_atomic(path, text)
 
 
 def load(path: str | Path) -> dict[str, Any]:

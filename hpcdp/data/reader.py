@@ -370,9 +370,8 @@ class ShardedReader(EpochReader):
         The thread hides HDF5 reads, a transform or pinning behind the consumer's
         compute. From the mapped file without a transform or pinning there is nothing
         left to hide: the kernel already reads a window ahead, and a batch costs one
-        copy at memory speed (about 0.1 ms per 768 KiB), less than handing it over
-        between threads (measured: 0.27-0.30 of raw slab reads with the thread,
-        0.40-0.50 without).
+        copy at memory speed, less than handing it over between threads
+        (docs/measured-choices.md).
         """
         if not self.prefetch:
             return False

@@ -213,7 +213,3 @@ def convert_sync_batchnorm(module: nn.Module, sync_bn_cls: type[nn.Module]) -> n
     for name, child in module.named_children():
         module.add_module(name, convert_sync_batchnorm(child, sync_bn_cls))
     return module
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence, Set
+from collections.abc import Callable, Iterator, MutableMapping, Sequence, Set
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,35 +42,6 @@ from hpcdp.runtime.watchdog import waiting
 
 class AgreedError(RuntimeError):
     """A failure every rank knows about and raises together: a clean exit, not an abort."""
-
-
-def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
-                environ: Mapping[str, str] | None = None,
-                patched: bool = False) -> dict[str, str]:
-    """The HOROVOD_* variables for these options (pure: Horovod reads them at init).
-
-    The fusion threshold: the config's, else one already in `environ`, else
-    hpcdp's for the device and CPU backend (hvd_settings.fusion_threshold_bytes).
-    The cycle time: the config's, else one in `environ`, else hpcdp's for whether
-    the Horovod build (`patched`) wakes on enqueue (hvd_settings.cycle_env).
-    """
-    env: dict[str, str] = {}
-    if hc.fusion_threshold_mb >= 0:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(int(hc.fusion_threshold_mb * 1024 * 1024))
-    else:
-        env.update(hvd_settings.fusion_env(environ or {}, on_gpu))
-    env.update(hvd_settings.wake_env(environ or {}, on_gpu))
-    env.update(hvd_settings.cycle_env({**(environ or {}), **env}, patched))
-    if hc.cycle_time_ms >= 0:
-        env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
-    if hc.stall_check_s >= 0:
-        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = f"{hc.stall_check_s:g}"
-    if hc.stall_shutdown_s >= 0:
-        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = f"{hc.stall_shutdown_s:g}"
-    if hc.timeline:
-        path = Path(hc.timeline)
-        env["HOROVOD_TIMELINE"] = str(path if path.is_absolute() else run_dir / path)
-    return env
 
 
 #: What init chose for this process (threads, yielding and why), for the identity line.
@@ -103,7 +74,7 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         if share and hvd_settings.pin_process(share):
             plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)
-    env = horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes())
+    env = hvd_settings.horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes())
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)

@@ -111,12 +111,9 @@ class _Bucketed:
         """Scale the bucket (by 1/ranks, so that the all-reduce is a plain sum: Horovod's
         Average would scale the reduced buffer in a second pass) and start its all-reduce.
 
-        One multiply over the whole bucket, not one per gradient: on a 40 KiB tensor a
-        multiply into the bucket costs ~5 us, nearly all of it per call, a plain copy
-        ~2 us, and a multiply over a 4 MiB bucket just written (still in cache) ~70 us.
-        Measured with 200 gradients of 40 KiB (`hpcdp bench fusion`, 2 ranks): 4.1
-        instead of 4.5-4.9 ms a round. ResNet-18 (62 tensors, 11 MB), one rank, batch 32:
-        forward, backward and synchronize 62-65 ms a step either way (within noise).
+        One multiply over the whole bucket, not one per gradient: a multiply's cost on
+        a small tensor is nearly all per call, and the bucket was just written, so it
+        is still in cache (docs/measured-choices.md).
         """
         start, stop = self._buckets[b]
         bucket = self._flat[start:stop]
@@ -150,7 +147,7 @@ class _Bucketed:
         One copy per step, made while backward goes on (scaled with its bucket at
         launch); the gradient autograd made is freed.
         (Keeping gradients as views across steps instead costs zeroing the buffer
-        and accumulating into it: measured slower.)
+        and accumulating into it: slower, docs/measured-choices.md.)
         """
         view = self._view_of[id(p)]
         if p.grad is None:

@@ -7,47 +7,40 @@ the CPUs a process may use (hpcdp.runtime.cpus); `apply` writes their result int
 process's environment, where Open MPI reads it at MPI_Init and Horovod at
 `hvd.init()`, so it must run before either.
 
-Why each value (2 ranks sharing 2 cores, measured with `hpcdp bench allreduce`
-and `hpcdp bench fusion`; figures in hpcdp/bench/README.md):
+Why each value (the measurements behind them, dated, are in
+docs/measured-choices.md):
 
 - OMPI_MCA_mpi_yield_when_idle=1: the setting that decides. Open MPI
   busy-polls while it waits; with Horovod's background thread, the Python
   thread that spins (yielding) in `hvd.synchronize` and the other rank on the
-  same two cores, a rank that never yields takes the core the other side
-  needs. A training-step proxy (compute between 60 asynchronous gradient
-  all-reduces, 11 MB) took 255-380 ms per step without yielding and
-  173-217 ms with it, whatever the cycle time.
+  same cores, a rank that never yields takes the core the other side needs.
 - HOROVOD_CYCLE_TIME (`cycle_env`): 50 ms where Horovod wakes on enqueue
   (below), else Horovod's 1 ms. Without the wake an all-reduce waits for the
-  next cycle, so a long cycle costs latency (200 fused 40 KiB gradients: 7-8
-  ms a round at 1 ms against 11 ms at 5 ms). With it, the cycle only paces the
-  negotiations Horovod's thread makes while nothing is queued: every 1 ms it
-  wakes and runs a collective with the other ranks, on the cores training
-  computes on. Through Gloo each is a TCP round trip: 2 ranks on 2 cores
-  computed ResNet-18's step 10% slower at 1 ms than at 50 ms, and the digits
-  CNN trained 25% faster at 50 ms (10% through MPI).
+  next cycle, so a long cycle costs latency. With it, the cycle only paces the
+  negotiations Horovod's thread makes while nothing is queued, each a
+  collective with the other ranks on the cores training computes on (through
+  Gloo a TCP round trip), so fewer of them leave those cores to training.
 - HOROVOD_FUSION_THRESHOLD: chosen at `hvd.init()` by `fusion_threshold_bytes`,
   because the right size depends on what one call costs. On CPUs through MPI
-  (shared memory here): 1 MiB, the size of a core's L2 cache, so that each
-  fused buffer is copied in, reduced and copied out while it is still in
-  cache; 200 fused 40 KiB gradients took 4.4 ms a round at 1 MiB against
-  5.1 ms at 128 MiB (8 alternating launches each, 1 MiB faster in 7 of them),
-  and a tensor larger than the threshold (a gradient bucket, a big layer) is
-  reduced on its own, in place, as before. On GPUs (NCCL) and through Gloo,
-  where each call costs far more (Gloo: 25 ms a round at 1 MiB against 16 ms
-  at 128 MiB), Horovod's own 128 MiB: one call for everything ready in a
-  cycle. A value in the environment or in the config wins.
+  (shared memory): 1 MiB, the size of a core's L2 cache, so that each fused
+  buffer is copied in, reduced and copied out while it is still in cache; a
+  tensor larger than the threshold (a gradient bucket, a big layer) is reduced
+  on its own, in place. On GPUs (NCCL) and through Gloo, where each call costs
+  far more, Horovod's own 128 MiB: one call for everything ready in a cycle.
+  A value in the environment or in the config wins.
 - Compute threads and yielding: chosen per process by `plan_runtime` from the
   CPUs the rank may use (see its docstring), so that a plain `horovodrun`,
   `mpirun` or `srun` gets them without exports. Training applies them before
   `hvd.init()` (hpcdp.runtime.dist.init); `hpcdp prep` before MPI starts. On 2 ranks
   sharing 2 cores that is one thread per rank and yielding on: more threads only
   oversubscribe the cores.
-
 - HOROVOD_WAKE_ON_ENQUEUE=1 on CPUs (`wake_env`): with hpcdp's Horovod patch
   an all-reduce starts when the last rank's tensors arrive, not at the next
   cycle. And a rank whose launcher left the node's ranks sharing one mask is
   pinned to its share of it (`cpu_share`, applied by hpcdp.runtime.dist.init).
+
+The whole Horovod environment a rank starts with is decided here
+(`horovod_env`); hpcdp.runtime.dist only applies it.
 
 Otherwise process binding is the launcher's choice. hpcdp.runtime.launcher (tests,
 benchmarks) and horovodrun start ranks with `--bind-to none`, and CPU training
@@ -62,7 +55,9 @@ import math
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from hpcdp.config import HorovodConfig
 from hpcdp.runtime.cpus import CpuView, format_cpu_list, probe
 
 #: Horovod's own fusion threshold (bytes): kept on GPUs and under Gloo.
@@ -73,7 +68,7 @@ CPU_MPI_FUSION_BYTES = 1024 * 1024
 #: < 0): large enough for the gradients of most models that train on CPUs to go in one
 #: all-reduce after backward. A CPU rank's reduction runs on the cores its backward uses,
 #: so reducing early buckets during backward overlaps nothing and takes those cores from
-#: it, while every extra bucket costs a negotiation (docs/benchmarks.md, 2026-12-01).
+#: it, while every extra bucket costs a negotiation (docs/measured-choices.md).
 #: Here, not in grad_buckets, so that the benchmarks' parent processes need no torch.
 CPU_BUCKET_BYTES = 64 << 20
 
@@ -99,7 +94,7 @@ def recommended_env(overrides: Mapping[str, object] | None = None, ranks: int = 
     """hpcdp's settings for `ranks` ranks started from here on this process's CPUs
     (unbound), with `overrides` winning (e.g. from a config file): threads and yielding.
     The fusion threshold and the cycle time depend on the device, the controller and
-    the Horovod build: each rank chooses them at `hvd.init()` (hpcdp.runtime.dist.horovod_env)."""
+    the Horovod build: each rank chooses them at `hvd.init()` (`horovod_env`)."""
     plan = plan_runtime(view or probe(), ranks, {})
     env = dict(plan.env)
     if overrides:
@@ -214,6 +209,36 @@ def cycle_env(environ: Mapping[str, str], patched: bool) -> dict[str, str]:
     if "HOROVOD_CYCLE_TIME" in environ or not (patched and wake_requested(environ)):
         return {}
     return {"HOROVOD_CYCLE_TIME": str(WOKEN_CYCLE_MS)}
+
+
+def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
+                environ: Mapping[str, str] | None = None,
+                patched: bool = False) -> dict[str, str]:
+    """Every HOROVOD_* variable hpcdp sets before `hvd.init()` (pure; dist.init applies it).
+
+    The fusion threshold: the config's, else one already in `environ`, else
+    hpcdp's for the device and CPU backend (`fusion_threshold_bytes`). The wake on
+    enqueue: `wake_env`. The cycle time: the config's, else one in `environ`, else
+    hpcdp's for whether the Horovod build (`patched`) wakes on enqueue (`cycle_env`).
+    Stall checks and the timeline (relative to `run_dir`): the config's, when set.
+    """
+    env: dict[str, str] = {}
+    if hc.fusion_threshold_mb >= 0:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(hc.fusion_threshold_mb * 1024 * 1024))
+    else:
+        env.update(fusion_env(environ or {}, on_gpu))
+    env.update(wake_env(environ or {}, on_gpu))
+    env.update(cycle_env({**(environ or {}), **env}, patched))
+    if hc.cycle_time_ms >= 0:
+        env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
+    if hc.stall_check_s >= 0:
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = f"{hc.stall_check_s:g}"
+    if hc.stall_shutdown_s >= 0:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = f"{hc.stall_shutdown_s:g}"
+    if hc.timeline:
+        path = Path(hc.timeline)
+        env["HOROVOD_TIMELINE"] = str(path if path.is_absolute() else run_dir / path)
+    return env
 
 
 def wake_text(environ: Mapping[str, str], patched: bool) -> str:
@@ -416,12 +441,11 @@ def cpu_share(view: CpuView, ranks: int, rank: int | None,
     compute thread and its Horovod thread between the cores, and a rank waiting
     for the all-reduce shares a core with one that computes. Each rank gets a
     contiguous share of the mask instead, as mpirun's default binding would give
-    it: with 2 ranks on 2 cores, 2-rank training went from 0.70x to 1.1x the
-    speed of 2 independent processes (docs/benchmarks.md). Left alone: one rank,
+    it (the measurement: docs/measured-choices.md). Left alone: one rank,
     a rank the launcher bound (`bound_alone`), `srun --cpu-bind=none` (asked for),
     an unknown local rank, fewer CPUs than ranks, and a share smaller than the
     rank's compute `threads` (an exported OMP_NUM_THREADS): OpenMP threads stacked
-    on fewer cores wait for each other at every barrier, and a step ran 100x slower.
+    on fewer cores wait for each other at every barrier, many times slower.
     """
     if ranks < 2 or rank is None or not 0 <= rank < ranks:
         return None

@@ -19,6 +19,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
+from hpcdp.runtime import watchdog
+
 log = logging.getLogger("hpcdp.runtime.preempt")
 
 # Exit statuses of a run that stopped at a checkpoint before its end, so that a job
@@ -146,8 +148,6 @@ def try_requeue(job_id: str, scontrol: str = "scontrol",
     reported a stall refuses: a stall is not a preemption, and a requeued job would
     only stall again on the same node or file system.
     """
-    from hpcdp.runtime import watchdog
-
     if watchdog.stalled():
         return "refused", "a stall was reported (see 'hpcdp stall:')"
     exe = shutil.which(scontrol)

@@ -24,28 +24,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcdp.models.dlrm import split_params
+#: Named parameters: (name, parameter) pairs, as `model.named_parameters()` yields them.
+Named = Sequence[tuple[str, nn.Parameter]]
 
 GRAD_MODES = ("sparse", "dense")
 INDEX_BYTES = 8  # Horovod gathers a sparse gradient's indices as int64
 
 
-def coalesce_table_grads(model: nn.Module) -> list[Any]:
-    """Sum duplicate rows of every sparse table gradient as backward produces it.
+def coalesce_table_grads(tables: Named) -> list[Any]:
+    """Sum duplicate rows of every sparse table gradient as backward produces it
+    (`tables`: the model's embedding tables, hpcdp.models.dlrm.split_params).
 
     A tensor hook on the weight runs before the gradient reaches `.grad`, so
     Horovod's hook (which fires after) sees the coalesced gradient. Returns the
     hook handles.
     """
-    tables, _ = split_params(model)
     return [p.register_hook(lambda g: g.coalesce() if g.is_sparse else g) for _, p in tables]
 
 
-def distribute(model: nn.Module, sparse_opt: torch.optim.Optimizer,
+def distribute(tables: Named, rest: Named, sparse_opt: torch.optim.Optimizer,
                dense_opt: torch.optim.Optimizer, mode: str) -> tuple[Any, Any]:
     """Both optimizers wrapped in Horovod's `DistributedOptimizer`, the tables by `mode`.
 
-    Call `coalesce_table_grads(model)` once first for the sparse mode's byte count.
+    Call `coalesce_table_grads(tables)` once first for the sparse mode's byte count.
     In the dense mode Horovod turns the averaged gradient back into a sparse one
     before the step, so either table optimizer (Adagrad, SparseAdam) works in both.
     """
@@ -53,7 +54,6 @@ def distribute(model: nn.Module, sparse_opt: torch.optim.Optimizer,
 
     if mode not in GRAD_MODES:
         raise ValueError(f"gradient mode {mode!r}: choose one of {', '.join(GRAD_MODES)}")
-    tables, rest = split_params(model)
     sparse = hvd.DistributedOptimizer(sparse_opt, named_parameters=tables,
                                       sparse_as_dense=mode == "dense", op=hvd.Average)
     dense = hvd.DistributedOptimizer(dense_opt, named_parameters=rest, op=hvd.Average)

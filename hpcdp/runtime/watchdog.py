@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcdp.runtime import stall
+from hpcdp.runtime import faults, stall
 from hpcdp.runtime.stall import CHECKPOINT, PREFIX, START, STEP, VALIDATION, Beat, StallRule
 
 GRACE_S = 3.0  # after a stall is reported: time for the other ranks to write their stacks
@@ -318,8 +318,6 @@ def start(run: Any, rank: int, size: int, run_dir: Path,
     Also arms the faults that HPCDP_FAULT places at phases (tests).
     """
     global _current
-    from hpcdp.runtime import faults
-
     progress.restart(time.monotonic())
     progress.hook = faults.phase_hook(rank)
     rule = rule_of(run)

@@ -90,7 +90,7 @@ def check_file(cfg: Config, path: Path) -> None:
 def build_model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
     s, r = train_schema(cfg), cfg.recsys
     net = ClickModel(s.dense_features, s.table_sizes, r.embed_dim, r.bottom, r.top)
-    grads.coalesce_table_grads(net)  # one row per distinct id reaches Horovod
+    grads.coalesce_table_grads(split_params(net)[0])  # one row per distinct id reaches Horovod
     return net
 
 

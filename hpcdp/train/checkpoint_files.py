@@ -43,6 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcdp import files
+from hpcdp.cliargs import parse_args
+
 MAGIC = b"HPCDP-CHECKPOINT 2\n"  # 2: the payload loads with torch.load(weights_only=True)
 LEGACY_MAGIC = b"HPCDP-CHECKPOINT 1\n"  # 1: held NumPy arrays, loadable only by full unpickling
 NAME_RE = re.compile(r"^step-(\d+)\.pt$")
@@ -232,40 +235,21 @@ def _write_all(f: Any, data: bytes, folder: Path, name: str) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over, fsync the folder."""
     replace_atomic(path, data)
-    sync_folder(path.parent)
+    files.sync_folder(path.parent)
 
 
 def replace_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename over: `path` is whole or not there.
+    """Temp file in the same folder, fsync, rename over: `path` is whole or not there
+    (hpcdp.files.replacing, through the full-disk test hook).
 
     A failure here means `path` was not written (an older file of that name is
     intact); anything that fails after it (the folder's fsync, pruning) does not.
     Folders and the file are created with the user's umask (mode 0o777 / 0o666 less
-    the umask) and never chmod-ed wider; a stale temp file is removed, not reused
-    with whatever mode it had.
+    the umask) and never chmod-ed wider.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with open(fd, "wb") as f:
-            _write_all(f, data, path.parent, str(tmp))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def sync_folder(folder: Path) -> None:
-    """fsync a folder, so that a rename in it survives a crash of the machine."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with files.replacing(path, fsync=True) as f:
+        _write_all(f, data, path.parent, f.name)
 
 
 def step_path(folder: Path, step: int) -> Path:
@@ -504,8 +488,6 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--out", type=Path, help="write here instead of replacing the file")
     conv.add_argument("--allow-group-write", action="store_true",
                       help="accept a file or folder that your group can write")
-    from hpcdp.cliargs import parse_args
-
     args = parse_args(p, argv)
     out = args.out or args.path
     try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcdp import files
 from hpcdp.config import Config
 from hpcdp.runtime import dist, watchdog
 from hpcdp.train import checkpoint_files as ckpt
@@ -188,7 +189,7 @@ class CheckpointManager:
             raise ckpt.CheckpointError("the model holds NaN/inf values")
         ckpt.replace_atomic(path, ckpt.encode(state))
         try:
-            ckpt.sync_folder(self.folder)
+            files.sync_folder(self.folder)
             ckpt.prune(self.folder, self.keep)
         except OSError as e:
             return (f"checkpoint {path} was written, but syncing or pruning {self.folder} "

@@ -15,7 +15,7 @@ from hpcdp import config as cfgmod
 from hpcdp import tasks
 from hpcdp.cluster import sweep
 from hpcdp.config import Config, ConfigError
-from hpcdp.runtime import faults
+from hpcdp.runtime import faults, watchdog
 from hpcdp.runtime.crash import report_crashes
 
 
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if print_only:
         print(cfgmod.dumps(cfg))
         return 0
+    # Imported only now: torch and Horovod take seconds to import, and a bad config or
+    # --print-config must answer before that.
     from hpcdp.runtime import dist
     from hpcdp.train.loop import train
 
@@ -57,8 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     except dist.AgreedError as e:
         print(f"hpcdp train: error: {e}", file=sys.stderr, flush=True)
         code = 2
-    from hpcdp.runtime import watchdog
-
     watchdog.stop()
     dist.shutdown_and_exit(code)
     return code  # not reached when Horovod ran

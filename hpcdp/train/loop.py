@@ -26,11 +26,13 @@ from hpcdp import config as cfgmod
 from hpcdp.config import Config
 from hpcdp.data.staging import collective as staging
 from hpcdp.runtime import dist, watchdog
+from hpcdp.runtime.preempt import Preemption, after_stop
 from hpcdp.tasks import Task
 from hpcdp.train import setup
 from hpcdp.train.checkpoints import CheckpointManager, TrainState
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
+from hpcdp.train.numerics import count_parameters
 from hpcdp.train.reporting import Reporter, StepTimes, rank_spread, setup_logging, spread_text
 from hpcdp.train.step import train_step
 
@@ -52,8 +54,6 @@ def train(cfg: Config, task: Task) -> int:
     """One run on this rank; returns the process exit code."""
     preempt = None
     if cfg.preempt.enabled and cfg.preempt.signals:
-        from hpcdp.runtime.preempt import Preemption
-
         preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
     dist.init(cfg.horovod, cfg.run_dir,
               on_gpu=dist.wants_gpu(cfg.run.device, torch.cuda.is_available()),
@@ -119,8 +119,6 @@ def start(cfg: Config, task: Task) -> setup.Run:
 
 def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) -> Reporter:
     """From here on rank 0 writes the run folder: log file, config, metrics."""
-    from hpcdp.models.vision import count_parameters
-
     cfg, run_dir = run.cfg, run.cfg.run_dir
     if run.root:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -263,8 +261,6 @@ def report_stop(run: setup.Run, ckpts: CheckpointManager, state: TrainState, rea
     Rank 0 decides (hpcdp.runtime.preempt.after_stop) and every rank returns its exit status:
     0 only when training can go on (requeued, or nothing to requeue outside Slurm).
     """
-    from hpcdp.runtime.preempt import after_stop
-
     p = run.cfg.preempt
     note, code = after_stop(reason, run.root, p.requeue, p.max_requeues, os.environ,
                             lambda v: dist.broadcast_object(v, "hpcdp.stop"))

@@ -35,6 +35,11 @@ def parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return found
 
 
+def count_parameters(model: torch.nn.Module) -> int:
+    """Every parameter's element count, for the run's opening line."""
+    return sum(p.numel() for p in model.parameters())
+
+
 def finite(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether every value is finite: one sum per tensor, one device sync for all.
 

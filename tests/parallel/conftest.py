@@ -34,3 +34,32 @@ def make_data(tmp_path: Path) -> Callable[[int, int], Path]:
         return d
 
     return _make
+
+
+@pytest.fixture
+def data(request: pytest.FixtureRequest, make_data: Callable[[int, int], Path]) -> Path:
+    """The data folder of a module that sets N_TRAIN and N_VAL (write_split's samples)."""
+    return make_data(request.module.N_TRAIN, request.module.N_VAL)
+
+
+#: What every small training run of these tests starts from (a module's RUN_SETTINGS
+#: and a test's own overrides come after it, and a later value of a key wins).
+SMALL_RUN = ("data.batch_size=16", "data.val_batch_size=16", "log.tensorboard=false")
+
+
+@pytest.fixture
+def args(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
+    """`args(data, run, *extra)`: the overrides of one small training run.
+
+    The data and run folders, SMALL_RUN, the test module's RUN_SETTINGS (its epochs,
+    logging, checkpoints...), then `extra`. A module with RUN_COMMAND gets the whole
+    command line (that command first).
+    """
+    command = list(getattr(request.module, "RUN_COMMAND", ()))
+    settings = tuple(request.module.RUN_SETTINGS)
+
+    def make(data: Path, run: Path, *extra: str) -> list[str]:
+        return [*command, f"data.path={data}", f"run.dir={run}", *SMALL_RUN, *settings,
+                *extra]
+
+    return make

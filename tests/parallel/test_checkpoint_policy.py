@@ -27,15 +27,9 @@ BOUND = 120.0
 _TAGGED = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:((?:(?!\[\d+,\d+\]<std).)*)", re.S)
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return [f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-            "data.val_batch_size=16", "log.every_steps=5", "log.tensorboard=false",
-            "log.progress=false", "run.epochs=2", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=5", "log.progress=false", "run.epochs=2",
+)
 
 
 def steps_in(run: Path) -> list[int]:
@@ -46,7 +40,8 @@ def snapshot(run: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
 
 
-def test_corrupt_checkpoint_never_holds_a_keep_slot(ranks, data: Path, tmp_path: Path) -> None:
+def test_corrupt_checkpoint_never_holds_a_keep_slot(args, ranks, data: Path,
+                                                    tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10", "checkpoint.keep=2"), np=2,
           timeout=BOUND)
@@ -64,7 +59,7 @@ def test_corrupt_checkpoint_never_holds_a_keep_slot(ranks, data: Path, tmp_path:
     assert f"resumed from {ck.step_path(run / 'checkpoints', 15)}" in out
 
 
-def test_fresh_run_into_a_folder_with_checkpoints_is_refused(ranks, data: Path,
+def test_fresh_run_into_a_folder_with_checkpoints_is_refused(args, ranks, data: Path,
                                                              tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10"), np=2, timeout=BOUND)
@@ -78,7 +73,7 @@ def test_fresh_run_into_a_folder_with_checkpoints_is_refused(ranks, data: Path,
     assert snapshot(run) == before  # nothing written, nothing pruned
 
 
-def test_failure_after_the_write_is_not_reported_as_not_written(ranks, data: Path,
+def test_failure_after_the_write_is_not_reported_as_not_written(args, ranks, data: Path,
                                                                 tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = ranks(WORKER, *args(data, run, "checkpoint.every_steps=5", "checkpoint.keep=1",
@@ -92,7 +87,7 @@ def test_failure_after_the_write_is_not_reported_as_not_written(ranks, data: Pat
     assert json.loads((run / "summary.json").read_text())["steps"] == 10
 
 
-def test_resume_with_another_global_batch_is_refused(ranks, data: Path,
+def test_resume_with_another_global_batch_is_refused(args, ranks, data: Path,
                                                      tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.stop_at_step=4"), np=2, timeout=BOUND)
@@ -106,7 +101,7 @@ def test_resume_with_another_global_batch_is_refused(ranks, data: Path,
     assert snapshot(run) == before
 
 
-def test_validation_scores_every_sample_once(ranks, data: Path, tmp_path: Path) -> None:
+def test_validation_scores_every_sample_once(args, ranks, data: Path, tmp_path: Path) -> None:
     """99 samples on 2 ranks in batches of 7: 49 and 50 samples, 7 and 8 batches."""
     summaries = {}
     for np_ in (1, 2):

@@ -16,17 +16,8 @@ pytestmark = pytest.mark.parallel
 N, CHUNK = 2000, 16
 
 
-def make_file(path: Path, n: int = N) -> Path:
-    """x[i] = (i, -i), y[i] = i: each sample names itself, so ranks can check content."""
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=np.stack([np.arange(n), -np.arange(n)], 1).astype(np.float32),
-                         chunks=(CHUNK, 2))
-        f.create_dataset("y", data=np.arange(n, dtype=np.int64), chunks=(CHUNK,))
-    return path
-
-
-def test_two_ranks_read_the_global_order(ranks, tmp_path: Path) -> None:
-    path = make_file(tmp_path / "d.h5")
+def test_two_ranks_read_the_global_order(samples_file, ranks, tmp_path: Path) -> None:
+    path = samples_file(tmp_path / "d.h5", N)
     out = tmp_path / "labels.npy"
     ranks("data_reader", str(path), "--seed", "4", "--epoch", "2", "--window", "50",
           "--check-global-order", "--labels-out", str(out), np=2, timeout=120)
@@ -35,8 +26,8 @@ def test_two_ranks_read_the_global_order(ranks, tmp_path: Path) -> None:
     assert len(np.unique(got)) == got.size == N // 48 * 48
 
 
-def test_checkpoint_on_4_ranks_resume_on_2(ranks, tmp_path: Path) -> None:
-    path = make_file(tmp_path / "d.h5")
+def test_checkpoint_on_4_ranks_resume_on_2(samples_file, ranks, tmp_path: Path) -> None:
+    path = samples_file(tmp_path / "d.h5", N)
     state, first, rest = tmp_path / "state.json", tmp_path / "first.npy", tmp_path / "rest.npy"
     ranks("data_reader", str(path), "--seed", "1", "--epoch", "3", "--steps", "7",
           "--state-out", str(state), "--labels-out", str(first), np=4, timeout=150)
@@ -61,11 +52,11 @@ def test_checkpoint_on_4_ranks_resume_on_2(ranks, tmp_path: Path) -> None:
     [("missing", "no such file"), ("few", "fewer than one global batch"),
      ("mismatch", "'x' has 2000 samples but 'y' has 1999"), ("not_hdf5", "not an HDF5 file")],
 )
-def test_bad_input_every_rank_reports_and_exits(ranks, tmp_path: Path, kind: str,
+def test_bad_input_every_rank_reports_and_exits(samples_file, ranks, tmp_path: Path, kind: str,
                                                 problem: str) -> None:
     path = tmp_path / f"{kind}.h5"
     if kind == "few":
-        make_file(path, 40)
+        samples_file(path, 40)
     elif kind == "mismatch":
         with h5py.File(path, "w") as f:
             f.create_dataset("x", data=np.zeros((2000, 2), np.float32))

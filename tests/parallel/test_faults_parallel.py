@@ -33,15 +33,10 @@ STEPS = N_TRAIN // 32  # batch 16 per rank, 2 ranks, one epoch
 LIMIT = 60.0  # what the issue allows a failing job to take
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return [*TRAIN, f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-            "data.val_batch_size=16", "log.every_steps=2", "log.tensorboard=false",
-            "checkpoint.every_steps=2", "run.epochs=1", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=2", "checkpoint.every_steps=2", "run.epochs=1",
+)
+RUN_COMMAND = TRAIN
 
 
 def fails(ranks, argv: list[str], fault: str = "", launcher: str = "mpirun",
@@ -75,7 +70,7 @@ def every_rank(output: str, needle: str) -> None:
     assert ranks_seen >= {"0", "1"}, output
 
 
-def test_rank_exception_ends_job_and_rerun_resumes(ranks, data: Path, tmp_path: Path) -> None:
+def test_rank_exception_ends_job_and_rerun_resumes(args, ranks, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     argv = args(data, run)
     out = fails(ranks, argv, "raise:rank=1:step=3").output
@@ -86,7 +81,7 @@ def test_rank_exception_ends_job_and_rerun_resumes(ranks, data: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "horovodrun-gloo"])
-def test_sigkill_mid_step_ends_job(ranks, data: Path, tmp_path: Path, launcher: str) -> None:
+def test_sigkill_mid_step_ends_job(args, ranks, data: Path, tmp_path: Path, launcher: str) -> None:
     run = tmp_path / "run"
     argv = args(data, run)
     out = fails(ranks, argv, "kill:rank=1:step=5", launcher=launcher).output
@@ -109,7 +104,7 @@ def test_sigkill_mid_step_ends_job(ranks, data: Path, tmp_path: Path, launcher: 
     ],
     ids=["mpirun-horovod-stall-shutdown", "gloo-step-watchdog"],
 )
-def test_stalled_rank_ends_job(ranks, data: Path, tmp_path: Path, launcher: str,
+def test_stalled_rank_ends_job(args, ranks, data: Path, tmp_path: Path, launcher: str,
                                options: tuple[str, ...], ender: str) -> None:
     run = tmp_path / "run"
     argv = args(data, run, *options)
@@ -122,7 +117,7 @@ def test_stalled_rank_ends_job(ranks, data: Path, tmp_path: Path, launcher: str,
     assert checkpoint_steps(run) == [2]
 
 
-def test_nan_loss_stops_without_saving_and_rerun_resumes(ranks, data: Path,
+def test_nan_loss_stops_without_saving_and_rerun_resumes(args, ranks, data: Path,
                                                          tmp_path: Path) -> None:
     run = tmp_path / "run"
     argv = args(data, run)
@@ -134,7 +129,7 @@ def test_nan_loss_stops_without_saving_and_rerun_resumes(ranks, data: Path,
     resumes(ranks, argv, run, 2)
 
 
-def test_nan_loss_skip_keeps_training(ranks, data: Path, tmp_path: Path) -> None:
+def test_nan_loss_skip_keeps_training(args, ranks, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     env = {"HPCDP_FAULT": "nan:rank=0:step=3;nan:rank=1:step=6"}
     out = ranks(args(data, run, "run.on_nan=skip"), np=2, timeout=120, env=env).output
@@ -173,7 +168,7 @@ def small_disk(request: pytest.FixtureRequest, tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_full_disk_keeps_previous_checkpoint(ranks, data: Path, tmp_path: Path,
+def test_full_disk_keeps_previous_checkpoint(args, ranks, data: Path, tmp_path: Path,
                                              small_disk) -> None:
     folder, env, make_room = small_disk
     run = tmp_path / "run"
@@ -232,7 +227,7 @@ def _bad_rewrite(**kw: object):
     ids=["missing-dataset", "x-y-lengths", "empty", "fewer-than-a-global-batch", "not-hdf5",
          "truncated"],
 )
-def test_bad_data_fails_cleanly_on_every_rank(ranks, data: Path, tmp_path: Path, make,
+def test_bad_data_fails_cleanly_on_every_rank(args, ranks, data: Path, tmp_path: Path, make,
                                               needle: str) -> None:
     run = tmp_path / "run"
     make(data)
@@ -254,7 +249,7 @@ def test_malformed_config(ranks, data: Path, tmp_path: Path) -> None:
     assert "Traceback" not in out
 
 
-def test_malformed_fault_spec_is_refused(ranks, data: Path, tmp_path: Path) -> None:
+def test_malformed_fault_spec_is_refused(args, ranks, data: Path, tmp_path: Path) -> None:
     out = fails(ranks, args(data, tmp_path / "run"), "explode:step=1").output
     every_rank(out, "HPCDP_FAULT: unknown fault 'explode'")
     assert os.environ.get("HPCDP_FAULT") is None  # the fixture's env did not leak here

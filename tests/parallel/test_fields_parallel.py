@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
@@ -17,19 +16,8 @@ pytestmark = pytest.mark.parallel
 N, CHUNK = 1000, 16
 
 
-def make_file(path: Path) -> Path:
-    """Every field names its row: dense (i, -i), sparse (i, 2i, 3i), label i % 2."""
-    i = np.arange(N)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("dense", data=np.stack([i, -i], 1).astype(np.float32), chunks=(CHUNK, 2))
-        f.create_dataset("sparse", data=np.stack([i, 2 * i, 3 * i], 1).astype(np.int32),
-                         chunks=(CHUNK, 3))
-        f.create_dataset("label", data=(i % 2).astype(np.uint8), chunks=(CHUNK,))
-    return path
-
-
-def test_two_ranks_then_one_rank_read_one_epoch_once(ranks, tmp_path: Path) -> None:
-    path = make_file(tmp_path / "c.h5")
+def test_two_ranks_then_one_rank_read_one_epoch_once(fields_file, ranks, tmp_path: Path) -> None:
+    path = fields_file(tmp_path / "c.h5")
     out = tmp_path / "two"
     ranks("fields_reader", str(path), "--seed", "6", "--window", "24", "--steps", "9",
           "--out", str(out), np=2, timeout=120)

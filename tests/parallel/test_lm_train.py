@@ -74,14 +74,14 @@ def on_every_rank(output: str, needle: str) -> None:
     assert ranks_saying >= {0, 1}, output
 
 
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return ["task.name=lm", f"data.path={data}", f"run.dir={run}", f"lm.seq_len={SEQ}",
-            "lm.layers=1", "lm.heads=2", "lm.width=16", "data.batch_size=8",
-            "data.val_batch_size=8", "log.every_steps=4", "log.tensorboard=false",
-            "checkpoint.every_steps=0", "run.epochs=2", "data.virtual_shards=8", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "task.name=lm", f"lm.seq_len={SEQ}", "lm.layers=1", "lm.heads=2", "lm.width=16",
+    "data.batch_size=8", "data.val_batch_size=8", "log.every_steps=4",
+    "checkpoint.every_steps=0", "run.epochs=2", "data.virtual_shards=8",
+)
 
 
-def test_two_ranks_equal_one_rank_with_twice_the_batch(ranks, corpus, tmp_path: Path) -> None:
+def test_two_ranks_equal_one_rank_with_twice_the_batch(args, ranks, corpus, tmp_path: Path) -> None:
     """With clipping that binds: the clip must act on the averaged gradients to match."""
     data, windows = corpus
     common = ("optim.grad_clip=0.05", "run.epochs=1", "schedule.warmup_epochs=0.2")
@@ -100,7 +100,7 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch(ranks, corpus, tmp_path: 
     assert any(not torch.allclose(b["model"][k], c["model"][k], atol=1e-3) for k in b["model"])
 
 
-def test_stopped_and_resumed_run_is_bitwise_identical(ranks, corpus, tmp_path: Path) -> None:
+def test_stopped_and_resumed_run_is_bitwise_identical(args, ranks, corpus, tmp_path: Path) -> None:
     data, windows = corpus
     full, cut = tmp_path / "full", tmp_path / "cut"
     ranks(TRAIN, *args(data, full), np=2, timeout=BOUND)
@@ -135,7 +135,7 @@ def poison_token(path: Path, vocab: int) -> None:
 
 
 @pytest.mark.parametrize("case", ["token_id", "tokenizer", "too_long", "too_few"])
-def test_bad_input_is_named_on_every_rank(ranks, corpus, tmp_path: Path, case: str) -> None:
+def test_bad_input_is_named_on_every_rank(args, ranks, corpus, tmp_path: Path, case: str) -> None:
     data, windows = corpus
     extra: list[str] = []
     if case == "token_id":

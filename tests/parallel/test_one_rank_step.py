@@ -27,22 +27,16 @@ STEPS = N_TRAIN // 16  # batch 16, one rank, one epoch
 BOUND = 120.0
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return [f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-            "data.val_batch_size=16", "log.every_steps=2", "log.tensorboard=false",
-            "checkpoint.every_steps=2", "run.epochs=1", "optim.momentum=0.9", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=2", "checkpoint.every_steps=2", "run.epochs=1", "optim.momentum=0.9",
+)
 
 
 def final_state(run: Path) -> dict:
     return ck.decode(ck.read_verified(ck.step_path(run / "checkpoints", STEPS)), "final")
 
 
-def test_nan_stops_one_rank_without_saving(ranks, data: Path, tmp_path: Path) -> None:
+def test_nan_stops_one_rank_without_saving(args, ranks, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = ranks(TRAIN, *args(data, run), np=1, timeout=BOUND, expect_ok=False,
                 env={"HPCDP_FAULT": "nan:rank=0:step=3"})
@@ -51,7 +45,7 @@ def test_nan_stops_one_rank_without_saving(ranks, data: Path, tmp_path: Path) ->
     assert [s for s, _ in ck.list_checkpoints(run / "checkpoints")] == [2]
 
 
-def test_nan_skip_on_one_rank_leaves_the_weights_as_they_were(ranks, data: Path,
+def test_nan_skip_on_one_rank_leaves_the_weights_as_they_were(args, ranks, data: Path,
                                                               tmp_path: Path) -> None:
     """The poisoned step (0-based 3, the 4th) applies nothing: the weights after it equal
     those before it, and training goes on to the end."""
@@ -72,7 +66,7 @@ def test_nan_skip_on_one_rank_leaves_the_weights_as_they_were(ranks, data: Path,
     assert all(torch.isfinite(t).all() for t in final_state(run)["model"].values())
 
 
-def test_one_rank_preemption_is_lagged_and_resumes_bitwise(ranks, data: Path,
+def test_one_rank_preemption_is_lagged_and_resumes_bitwise(args, ranks, data: Path,
                                                             tmp_path: Path) -> None:
     full, cut = tmp_path / "full", tmp_path / "cut"
     ranks(TRAIN, *args(data, full), np=1, timeout=BOUND)

@@ -48,10 +48,9 @@ def data(make_data) -> Path:
     return make_data(480, 96)
 
 
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return [f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-            "data.val_batch_size=16", "log.tensorboard=false", "checkpoint.every_steps=0",
-            "run.epochs=1", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "checkpoint.every_steps=0", "run.epochs=1",
+)
 
 
 _TAGGED = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:((?:(?!\[\d+,\d+\]<std).)*)", re.S)
@@ -72,7 +71,7 @@ def on_every_rank(output: str, np: int, needle: str) -> None:
 
 @pytest.mark.parametrize("np", [1, 2])
 @pytest.mark.parametrize("resume", ["auto", "path"])
-def test_planted_checkpoint_never_runs(ranks, data: Path, tmp_path: Path, np: int,
+def test_planted_checkpoint_never_runs(args, ranks, data: Path, tmp_path: Path, np: int,
                                        resume: str) -> None:
     run, marker = tmp_path / "run", tmp_path / "marker"
     if resume == "auto":
@@ -86,7 +85,7 @@ def test_planted_checkpoint_never_runs(ranks, data: Path, tmp_path: Path, np: in
     on_every_rank(out, np, f"{planted}: refused: it holds a reference to posix.system")
 
 
-def test_writable_checkpoints_are_refused_unless_overridden(ranks, data: Path,
+def test_writable_checkpoints_are_refused_unless_overridden(args, ranks, data: Path,
                                                             tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.stop_at_step=2"), np=1, timeout=BOUND)

@@ -29,10 +29,9 @@ def data(make_data) -> Path:
     return make_data(480, 96)
 
 
-def args(data: Path, run: Path, stage_dir: str, *extra: str) -> list[str]:
-    return [f"data.path={data}", f"run.dir={run}", f"data.stage_dir={stage_dir}",
-            "data.batch_size=16", "data.val_batch_size=16", "log.tensorboard=false",
-            "log.progress=false", "checkpoint.every_steps=0", "run.epochs=1", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.progress=false", "checkpoint.every_steps=0", "run.epochs=1",
+)
 
 
 def validated(run_dir: Path) -> bool:
@@ -44,7 +43,7 @@ def validated(run_dir: Path) -> bool:
     return any('"kind": "val"' in line for line in lines)
 
 
-def test_each_node_copies_and_a_second_epoch_reads_nothing_shared(ranks, data: Path,
+def test_each_node_copies_and_a_second_epoch_reads_nothing_shared(args, ranks, data: Path,
                                                                     tmp_path: Path) -> None:
     """Every rank pauses 3 s before the second epoch's first step; in that pause (the
     first epoch's validation recorded) the shared files are cut to 0 bytes in place, so
@@ -55,7 +54,8 @@ def test_each_node_copies_and_a_second_epoch_reads_nothing_shared(ranks, data: P
     (tmp_path / "local").mkdir()
     run_dir = tmp_path / "run"
     argv = [*AS_OWN_NODE, *TRAIN,
-            *args(data, run_dir, str(tmp_path / "local" / "stage-${HPCDP_STAGE_NODE}"),
+            *args(data, run_dir,
+                  f"data.stage_dir={tmp_path / 'local' / 'stage-${HPCDP_STAGE_NODE}'}",
                   "run.epochs=2")]
     result: dict[str, object] = {}
     job = threading.Thread(target=lambda: result.update(run=ranks(
@@ -85,15 +85,17 @@ def test_each_node_copies_and_a_second_epoch_reads_nothing_shared(ranks, data: P
     assert len(re.findall(r"data staging on fake-\d: train copied", out)) == 2, out
 
 
-def test_one_node_one_copier_then_the_copy_is_kept(ranks, data: Path, tmp_path: Path) -> None:
+def test_one_node_one_copier_then_the_copy_is_kept(args, ranks, data: Path, tmp_path: Path) -> None:
     stage = tmp_path / "local"
-    first = ranks([*TRAIN, *args(data, tmp_path / "r1", str(stage), "run.max_steps=2")], np=2)
+    first = ranks([*TRAIN, *args(data, tmp_path / "r1", f"data.stage_dir={stage}",
+                                          "run.max_steps=2")], np=2)
     assert len(re.findall(r"data staging on \S+: train copied", first.output)) == 1, \
         first.output
     (paths,) = json.loads((tmp_path / "r1" / "summary.json").read_text())[
         "data_paths_read"].values()
     assert paths == {"train": str(stage / "train.h5"), "val": str(stage / "val.h5")}
-    second = ranks([*TRAIN, *args(data, tmp_path / "r2", str(stage), "run.max_steps=2")], np=2)
+    second = ranks([*TRAIN, *args(data, tmp_path / "r2", f"data.stage_dir={stage}",
+                                          "run.max_steps=2")], np=2)
     assert "train kept (identical copy there), val kept" in second.output, second.output
     assert "copied" not in second.output, second.output
 
@@ -101,12 +103,13 @@ def test_one_node_one_copier_then_the_copy_is_kept(ranks, data: Path, tmp_path: 
 _TAGGED = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:((?:(?!\[\d+,\d+\]<std).)*)", re.S)
 
 
-def test_a_node_without_its_stage_dir_stops_every_rank(ranks, data: Path,
+def test_a_node_without_its_stage_dir_stops_every_rank(args, ranks, data: Path,
                                                         tmp_path: Path) -> None:
     """Only fake-0's mount exists: every rank names fake-1 and the path; nothing is copied."""
     (tmp_path / "mnt-fake-0").mkdir()
     argv = [*AS_OWN_NODE, *TRAIN,
-            *args(data, tmp_path / "run", str(tmp_path / "mnt-${HPCDP_STAGE_NODE}" / "stage"))]
+            *args(data, tmp_path / "run",
+                  f"data.stage_dir={tmp_path / 'mnt-${HPCDP_STAGE_NODE}' / 'stage'}")]
     run = ranks(argv, np=2, timeout=60.0, expect_ok=False)
     assert not run.timed_out and run.returncode != 0, run.describe()
     needle = f"on fake-1: stage dir {tmp_path / 'mnt-fake-1' / 'stage'}: its parent"

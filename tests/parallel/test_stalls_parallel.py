@@ -27,17 +27,12 @@ FLOOR = 5.0  # run.stall_floor_s: the bound once steps are measured (they take m
 TAG = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # mpirun, horovodrun --gloo
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return [*TRAIN, f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-            "data.val_batch_size=16", "log.every_steps=2", "log.tensorboard=false",
-            "run.epochs=1", f"run.stall_floor_s={FLOOR:g}",
-            # the start (imports done, init to the first step) on a loaded machine
-            "run.stall_warmup_factor=8", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "log.every_steps=2", "run.epochs=1", f"run.stall_floor_s={FLOOR:g}",
+    # the start (imports done, init to the first step) on a loaded machine
+    "run.stall_warmup_factor=8",
+)
+RUN_COMMAND = TRAIN
 
 
 def first_stall_line(output: str) -> str:
@@ -60,7 +55,7 @@ def first_stall_line(output: str) -> str:
         ("horovodrun-gloo", "data", "data"),
     ],
 )
-def test_stalled_rank_is_named_and_the_job_ends(ranks, data: Path, tmp_path: Path,
+def test_stalled_rank_is_named_and_the_job_ends(args, ranks, data: Path, tmp_path: Path,
                                                 launcher: str, phase: str, shown: str) -> None:
     fault = f"stall:rank=1:step=5:seconds=600:phase={phase}"
     run = ranks(args(data, tmp_path / "run"), np=2, launcher=launcher, timeout=120,
@@ -80,7 +75,7 @@ def test_stalled_rank_is_named_and_the_job_ends(ranks, data: Path, tmp_path: Pat
     assert "Most recent call first" in out or "most recent call first" in out, out
 
 
-def test_straggler_shows_in_the_log_and_the_job_finishes(ranks, data: Path,
+def test_straggler_shows_in_the_log_and_the_job_finishes(args, ranks, data: Path,
                                                           tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     out = ranks(args(data, run_dir, "run.epochs=2"), np=2, timeout=120,

@@ -26,15 +26,9 @@ TRAIN = [sys.executable, "-m", "hpcdp.train"]
 BOUND = 120.0
 
 
-@pytest.fixture
-def data(make_data) -> Path:
-    return make_data(N_TRAIN, N_VAL)
-
-
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return [f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-            "data.val_batch_size=16", "optim.lr=0.05", "log.every_steps=5",
-            "log.tensorboard=false", "checkpoint.every_steps=0", "run.epochs=2", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "optim.lr=0.05", "log.every_steps=5", "checkpoint.every_steps=0", "run.epochs=2",
+)
 
 
 def final_state(run: Path) -> dict:
@@ -58,7 +52,7 @@ def assert_same_params(a: dict, b: dict, exact: bool, atol: float = 0.0) -> None
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "horovodrun-gloo"])
-def test_trains_under_launcher(ranks, data: Path, tmp_path: Path, launcher: str) -> None:
+def test_trains_under_launcher(args, ranks, data: Path, tmp_path: Path, launcher: str) -> None:
     run = tmp_path / "run"
     tb = "log.tensorboard=true" if launcher == "mpirun" else "log.tensorboard=false"
     out = ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10", "checkpoint.keep=2", tb),
@@ -87,7 +81,7 @@ def test_trains_under_launcher(ranks, data: Path, tmp_path: Path, launcher: str)
         assert list((run / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_single_process_without_launcher(data: Path, tmp_path: Path) -> None:
+def test_single_process_without_launcher(args, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     done = subprocess.run([*TRAIN, *args(data, run, "run.epochs=1")], capture_output=True,
                           text=True, timeout=BOUND, env=rank_environment(), cwd=tmp_path)
@@ -107,7 +101,7 @@ def test_single_process_without_launcher(data: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("carrier", ["buckets", "own all-reduce"])
-def test_signal_checkpoint_resume_is_bitwise_identical(ranks, data: Path, tmp_path: Path,
+def test_signal_checkpoint_resume_is_bitwise_identical(args, ranks, data: Path, tmp_path: Path,
                                                        carrier: str) -> None:
     # The flag goes with the gradient buckets (CPUs), or in an all-reduce of its own where
     # Horovod's DistributedOptimizer averages the gradients (GPUs, bucket_mb=0).
@@ -146,7 +140,7 @@ def traces(run: Path) -> dict[tuple[int, int], set[str]]:
     return {k: set(v) for k, v in seen.items()}
 
 
-def test_resume_on_another_world_size_continues_the_epoch(ranks, data: Path,
+def test_resume_on_another_world_size_continues_the_epoch(args, ranks, data: Path,
                                                           tmp_path: Path) -> None:
     common = ("data.global_batch_size=48", "log.trace_samples=true", "run.epochs=1")
     # The layout is chosen by the first run; the resumed run's defaults differ (24 virtual
@@ -166,7 +160,8 @@ def test_resume_on_another_world_size_continues_the_epoch(ranks, data: Path,
     assert len(everything) == N_TRAIN
 
 
-def test_two_ranks_equal_one_rank_with_twice_the_batch(ranks, data: Path, tmp_path: Path) -> None:
+def test_two_ranks_equal_one_rank_with_twice_the_batch(args, ranks, data: Path,
+                                                       tmp_path: Path) -> None:
     plain = ("optim.momentum=0", "optim.lr_scaling=none", "schedule.kind=constant",
              "run.epochs=1", "data.virtual_shards=8")
     two, one, half = tmp_path / "two", tmp_path / "one", tmp_path / "half"
@@ -205,24 +200,24 @@ def test_missing_config(ranks, tmp_path: Path) -> None:
     on_every_rank(out, "nope.toml' does not exist")
 
 
-def test_unknown_model(ranks, data: Path, tmp_path: Path) -> None:
+def test_unknown_model(args, ranks, data: Path, tmp_path: Path) -> None:
     out = failing(ranks, [*TRAIN, *args(data, tmp_path / "r", "model.name=vgg11")])
     on_every_rank(out, "unknown model 'vgg11'")
     assert not (tmp_path / "r").exists()
 
 
-def test_batch_that_does_not_divide(ranks, data: Path, tmp_path: Path) -> None:
+def test_batch_that_does_not_divide(args, ranks, data: Path, tmp_path: Path) -> None:
     out = failing(ranks, [*TRAIN, *args(data, tmp_path / "r", "data.global_batch_size=33")])
     on_every_rank(out, "data.global_batch_size=33 does not divide over 2 ranks")
     assert not (tmp_path / "r").exists()
 
 
-def test_missing_data(ranks, tmp_path: Path) -> None:
+def test_missing_data(args, ranks, tmp_path: Path) -> None:
     out = failing(ranks, [*TRAIN, *args(tmp_path / "nodata", tmp_path / "r")])
     on_every_rank(out, "train.h5: no such file")
 
 
-def test_checkpoint_of_another_model(ranks, data: Path, tmp_path: Path) -> None:
+def test_checkpoint_of_another_model(args, ranks, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.epochs=1"), np=2, timeout=BOUND)
     before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
@@ -232,7 +227,7 @@ def test_checkpoint_of_another_model(ranks, data: Path, tmp_path: Path) -> None:
     assert after == before  # nothing overwritten, nothing added
 
 
-def test_corrupt_newest_checkpoint_falls_back(ranks, data: Path, tmp_path: Path) -> None:
+def test_corrupt_newest_checkpoint_falls_back(args, ranks, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.epochs=1", "checkpoint.every_steps=5"), np=2,
           timeout=BOUND)
@@ -243,7 +238,7 @@ def test_corrupt_newest_checkpoint_falls_back(ranks, data: Path, tmp_path: Path)
     assert "checksum mismatch" in out and "resumed from" in out and "step-00000010.pt" in out
 
 
-def test_one_rank_failing_takes_the_job_down(ranks, data: Path, tmp_path: Path) -> None:
+def test_one_rank_failing_takes_the_job_down(args, ranks, data: Path, tmp_path: Path) -> None:
     worker = [sys.executable, str(Path(__file__).parent / "workers" / "train_signal.py")]
     run = ranks(worker, *args(data, tmp_path / "r"), np=2, timeout=60.0, expect_ok=False,
                 env={"HPCDP_TEST_CRASH_AT": "3"})
@@ -266,7 +261,7 @@ def test_one_rank_failing_takes_the_job_down(ranks, data: Path, tmp_path: Path) 
     ],
     ids=["resnet-bf16-fp16comp-accum", "adasum-adamw"],
 )
-def test_horovod_options(ranks, data: Path, tmp_path: Path, options: tuple[str, ...],
+def test_horovod_options(args, ranks, data: Path, tmp_path: Path, options: tuple[str, ...],
                          steps: int) -> None:
     run = tmp_path / "run"
     out = ranks(TRAIN, *args(data, run, "run.epochs=1", *options), np=2, timeout=BOUND).output

@@ -50,11 +50,11 @@ def clicks(tmp_path: Path) -> Path:
     return d
 
 
-def args(data: Path, run: Path, *extra: str) -> list[str]:
-    return ["task.name=recsys", f"data.path={data}", f"run.dir={run}", "data.batch_size=32",
-            "data.val_batch_size=32", "data.virtual_shards=8", f"recsys.embed_dim={EMBED}",
-            "recsys.bottom=[8]", "recsys.top=[8]", "log.every_steps=4",
-            "log.tensorboard=false", "run.epochs=2", "optim.lr=0.01", *extra]
+RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key wins
+    "task.name=recsys", "data.batch_size=32", "data.val_batch_size=32",
+    "data.virtual_shards=8", f"recsys.embed_dim={EMBED}", "recsys.bottom=[8]",
+    "recsys.top=[8]", "log.every_steps=4", "run.epochs=2", "optim.lr=0.01",
+)
 
 
 def records(run: Path, kind: str) -> list[dict]:
@@ -62,7 +62,7 @@ def records(run: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def test_both_gradient_modes_train_alike_and_match_one_rank(ranks, clicks: Path,
+def test_both_gradient_modes_train_alike_and_match_one_rank(args, ranks, clicks: Path,
                                                             tmp_path: Path) -> None:
     runs = {mode: tmp_path / mode for mode in ("sparse", "dense")}
     for mode, run in runs.items():
@@ -88,7 +88,7 @@ def test_both_gradient_modes_train_alike_and_match_one_rank(ranks, clicks: Path,
     assert_same_params(sparse, final_state(one), exact=False, atol=1e-5)
 
 
-def test_stopped_and_resumed_run_is_bitwise_identical(ranks, clicks: Path,
+def test_stopped_and_resumed_run_is_bitwise_identical(args, ranks, clicks: Path,
                                                       tmp_path: Path) -> None:
     full, cut = tmp_path / "full", tmp_path / "cut"
     ranks(TRAIN, *args(clicks, full), np=2, timeout=BOUND)
@@ -108,7 +108,7 @@ def test_stopped_and_resumed_run_is_bitwise_identical(ranks, clicks: Path,
             == json.loads((cut / "summary.json").read_text())["val_auc"])
 
 
-def test_an_id_outside_its_table_is_refused_on_every_rank(ranks, clicks: Path,
+def test_an_id_outside_its_table_is_refused_on_every_rank(args, ranks, clicks: Path,
                                                           tmp_path: Path) -> None:
     with h5py.File(clicks / "val.h5", "r+") as f:
         f["sparse"][70, 1] = SIZES[1]  # one past the item table's last row

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.runtime.dist import AgreedError, choose_device, horovod_env
+from hpcdp.runtime.dist import AgreedError, choose_device
+from hpcdp.runtime.hvd_settings import horovod_env
 
 
 def test_cpu_when_no_cuda() -> None:

@@ -16,18 +16,6 @@ N, CHUNK = 1000, 16
 FIELDS = ("dense", "sparse", "label")
 
 
-def make_file(path: Path, n: int = N, chunks: tuple[int, int, int] = (CHUNK,) * 3) -> Path:
-    """Every field names its row: dense (i, -i), sparse (i, 2i, 3i), label i % 2."""
-    i = np.arange(n)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("dense", data=np.stack([i, -i], 1).astype(np.float32),
-                         chunks=(chunks[0], 2))
-        f.create_dataset("sparse", data=np.stack([i, 2 * i, 3 * i], 1).astype(np.int32),
-                         chunks=(chunks[1], 3))
-        f.create_dataset("label", data=(i % 2).astype(np.uint8), chunks=(chunks[2],))
-    return path
-
-
 def read_rows(reader: FieldReader, steps: int | None = None) -> np.ndarray:
     """The file rows of every batch, checking that the fields of each slot agree."""
     rows = []
@@ -45,8 +33,9 @@ def read_rows(reader: FieldReader, steps: int | None = None) -> np.ndarray:
 
 
 @pytest.mark.parametrize("mmap", [True, False])
-def test_fields_come_aligned_in_the_single_readers_order(tmp_path: Path, mmap: bool) -> None:
-    path = make_file(tmp_path / "c.h5")
+def test_fields_come_aligned_in_the_single_readers_order(fields_file, tmp_path: Path,
+                                                         mmap: bool) -> None:
+    path = fields_file(tmp_path / "c.h5")
     # A window shorter than a stream (1000 // 48 * 48 / 24 = 40 rows), so that it shuffles.
     with FieldReader(path, FIELDS, batch_size=48, seed=5, window_samples=24, mmap=mmap) as r:
         assert r.mapped is mmap
@@ -55,8 +44,8 @@ def test_fields_come_aligned_in_the_single_readers_order(tmp_path: Path, mmap: b
     np.testing.assert_array_equal(got, pt.global_order(N, CHUNK, 5, 2, 48, 24, 24))
 
 
-def test_each_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "c.h5")
+def test_each_rank_reads_its_slice_of_the_global_batch(fields_file, tmp_path: Path) -> None:
+    path = fields_file(tmp_path / "c.h5")
     parts = []
     for rank in range(2):
         with FieldReader(path, FIELDS, batch_size=24, rank=rank, world_size=2, seed=1,
@@ -66,8 +55,8 @@ def test_each_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
                                   pt.global_order(N, CHUNK, 1, 0, 48, 24, 16))
 
 
-def test_resume_mid_epoch_continues_exactly(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "c.h5")
+def test_resume_mid_epoch_continues_exactly(fields_file, tmp_path: Path) -> None:
+    path = fields_file(tmp_path / "c.h5")
     whole = read_rows(FieldReader(path, FIELDS, batch_size=48, seed=3))
     first = FieldReader(path, FIELDS, batch_size=48, seed=3)
     head = read_rows(first, steps=7)
@@ -80,22 +69,23 @@ def test_resume_mid_epoch_continues_exactly(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.concatenate([head, read_rows(resumed)]), whole)
 
 
-def test_the_default_window_counts_every_field(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "c.h5")
+def test_the_default_window_counts_every_field(fields_file, tmp_path: Path) -> None:
+    path = fields_file(tmp_path / "c.h5")
     r = FieldReader(path, FIELDS, batch_size=8)
     assert len({sub.window for sub in r.readers}) == 1
     # 8 + 12 + 1 bytes a row: about 4 MiB of rows, in whole chunks.
     assert r.window == CHUNK * ((4 << 20) // (CHUNK * 21))
 
 
-def test_fields_chunked_differently_are_refused(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "c.h5", chunks=(CHUNK, CHUNK, 2 * CHUNK))
+def test_fields_chunked_differently_are_refused(fields_file, tmp_path: Path) -> None:
+    path = fields_file(tmp_path / "c.h5", chunks=(CHUNK, CHUNK, 2 * CHUNK))
     with pytest.raises(ReaderError, match="field 'label' is chunked by 32 rows but 'dense' by 16"):
         FieldReader(path, FIELDS, batch_size=8)
 
 
-def test_fields_of_different_lengths_and_missing_fields_are_refused(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "c.h5")
+def test_fields_of_different_lengths_and_missing_fields_are_refused(fields_file,
+                                                                    tmp_path: Path) -> None:
+    path = fields_file(tmp_path / "c.h5")
     with h5py.File(path, "a") as f:
         f.create_dataset("short", data=np.zeros(N - 1, np.float32), chunks=(CHUNK,))
     with pytest.raises(ReaderError, match="field 'short' has 999 rows but 'dense' has 1000"):

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from hpcdp.models import vision as m
+from hpcdp.train.numerics import count_parameters
 
 
 def test_digits_cnn_output_and_no_batchnorm() -> None:
@@ -26,12 +27,12 @@ def test_small_cnn_takes_any_size_from_8(size: int) -> None:
 def test_resnet18_standard_size() -> None:
     net = m.build_model("resnet18", (3, 224, 224), 1000)
     # torchvision's ResNet-18 has 11,689,512 parameters; ours has the same layout.
-    assert m.count_parameters(net) == 11_689_512
+    assert count_parameters(net) == 11_689_512
 
 
 def test_resnet50_standard_size() -> None:
     net = m.build_model("resnet50", (3, 224, 224), 1000)
-    assert m.count_parameters(net) == 25_557_032
+    assert count_parameters(net) == 25_557_032
 
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50"])

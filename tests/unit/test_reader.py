@@ -16,20 +16,6 @@ from hpcdp.data import partition as pt
 from hpcdp.data.reader import ReaderError, ShardedReader
 
 
-def make_file(path: Path, n: int, chunk: int | None = 16, x_name: str = "x",
-              y_name: str = "y", dtype: str = "float32") -> Path:
-    """x[i] = (i, -i) (or i % 251 for uint8) and y[i] = i: every sample names itself."""
-    with h5py.File(path, "w") as f:
-        if dtype == "uint8":
-            x = (np.arange(n)[:, None, None] % 251 * np.ones((1, 2, 3))).astype(np.uint8)
-        else:
-            x = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(dtype)
-        f.create_dataset(x_name, data=x, chunks=(chunk, *x.shape[1:]) if chunk else None)
-        f.create_dataset(y_name, data=np.arange(n, dtype=np.int64),
-                         chunks=(chunk,) if chunk else None)
-    return path
-
-
 def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
     out = []
     for j, (x, y) in enumerate(reader):
@@ -42,8 +28,8 @@ def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
 
 
 @pytest.fixture
-def data(tmp_path: Path) -> Path:
-    return make_file(tmp_path / "d.h5", 1000)
+def data(samples_file, tmp_path: Path) -> Path:
+    return samples_file(tmp_path / "d.h5", 1000)
 
 
 def test_one_rank_reads_the_global_order(data: Path) -> None:
@@ -67,8 +53,8 @@ def test_ranks_split_each_global_batch(data: Path, world: int) -> None:
     np.testing.assert_array_equal(np.concatenate(parts, axis=1), ref)
 
 
-def test_dtypes_shapes_and_no_labels(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "u8.h5", 300, dtype="uint8", x_name="img", y_name="lab")
+def test_dtypes_shapes_and_no_labels(samples_file, tmp_path: Path) -> None:
+    path = samples_file(tmp_path / "u8.h5", 300, dtype="uint8", x_name="img", y_name="lab")
     with ShardedReader(path, batch_size=10, x_name="img", y_name="lab") as r:
         assert (r.num_samples, r.sample_shape, r.dtype) == (300, (2, 3), np.dtype("uint8"))
         x, y = next(iter(r))
@@ -80,8 +66,8 @@ def test_dtypes_shapes_and_no_labels(tmp_path: Path) -> None:
         assert len(batches) == 30 and all(y is None for _, y in batches)
 
 
-def test_unchunked_dataset_and_transform(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "flat.h5", 200, chunk=None)
+def test_unchunked_dataset_and_transform(samples_file, tmp_path: Path) -> None:
+    path = samples_file(tmp_path / "flat.h5", 200, chunk=None)
     with ShardedReader(path, batch_size=8, transform=lambda x: x * 2) as r:
         x, y = next(iter(r))
         np.testing.assert_array_equal(x[:, 0].numpy(), 2 * y.numpy())
@@ -178,10 +164,10 @@ def test_state_counts_received_batches_not_prefetched(data: Path) -> None:
         assert len(r) == r.steps_per_epoch - 1
 
 
-def test_bad_state_is_refused(data: Path, tmp_path: Path) -> None:
+def test_bad_state_is_refused(samples_file, data: Path, tmp_path: Path) -> None:
     with ShardedReader(data, batch_size=24) as r:
         state = r.state_dict()
-    other = make_file(tmp_path / "other.h5", 999)
+    other = samples_file(tmp_path / "other.h5", 999)
     with ShardedReader(other, batch_size=24) as r, pytest.raises(ReaderError, match="999"):
         r.load_state_dict(state)
     with ShardedReader(data, batch_size=5, world_size=5) as r:
@@ -257,9 +243,10 @@ def test_reader_in_another_process(data: Path, method: str) -> None:
 
 
 @pytest.mark.parametrize(("window", "prefetch"), [(3, 0), (7, 2), (40, 1), (100, 0)])
-def test_windows_not_aligned_with_steps(tmp_path: Path, window: int, prefetch: int) -> None:
+def test_windows_not_aligned_with_steps(samples_file, tmp_path: Path, window: int,
+                                        prefetch: int) -> None:
     """Per-stream batch 4 (96 / 24): windows smaller than, or not a multiple of, a step."""
-    path = make_file(tmp_path / "w.h5", 777, chunk=5)
+    path = samples_file(tmp_path / "w.h5", 777, chunk=5)
     ref = pt.global_order(777, 5, 2, 1, 96, 24, window)
     with ShardedReader(path, batch_size=48, rank=1, world_size=2, seed=2,
                        window_samples=window, prefetch=prefetch) as r:

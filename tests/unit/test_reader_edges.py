@@ -21,17 +21,6 @@ from hpcdp.data import reader as rd
 from hpcdp.data.reader import ReaderError, ShardedReader
 
 
-def make_file(path: Path, n: int, chunk: int | None = 16) -> Path:
-    """x[i] = (i, -i) and y[i] = i: every sample names itself."""
-    import h5py
-
-    with h5py.File(path, "w") as f:
-        x = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(np.float32)
-        f.create_dataset("x", data=x, chunks=(chunk, 2) if chunk else None)
-        f.create_dataset("y", data=np.arange(n, dtype=np.int64), chunks=(chunk,) if chunk else None)
-    return path
-
-
 def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
     """The labels of the pass (its first `steps` batches), checking content follows labels."""
     out = []
@@ -45,8 +34,8 @@ def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
 
 
 @pytest.fixture
-def data(tmp_path: Path) -> Path:
-    return make_file(tmp_path / "d.h5", 200)
+def data(samples_file, tmp_path: Path) -> Path:
+    return samples_file(tmp_path / "d.h5", 200)
 
 
 # ---- the mapped-file switch and the default window ------------------------------------
@@ -189,13 +178,13 @@ def test_a_reader_pickles_mid_epoch_and_keeps_the_mapped_path(data: Path) -> Non
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_opens_the_file_anew(tmp_path: Path) -> None:
+def test_a_forked_child_opens_the_file_anew(samples_file, tmp_path: Path) -> None:
     """After a fork the child opens the path itself: it reads what the path names now."""
-    path = make_file(tmp_path / "d.h5", 200)
+    path = samples_file(tmp_path / "d.h5", 200)
     with ShardedReader(path, batch_size=8, mmap=False) as r:
         first = read_all(r)  # the parent has the file open
         # Replace the file under the same name with one whose labels are shifted by 1000.
-        make_file(tmp_path / "new.h5", 200)
+        samples_file(tmp_path / "new.h5", 200)
         import h5py
 
         with h5py.File(tmp_path / "new.h5", "r+") as f:
@@ -224,16 +213,16 @@ def test_a_forked_child_opens_the_file_anew(tmp_path: Path) -> None:
 # ---- files: defaults, blocks, refusals in full -----------------------------------------
 
 
-def test_validate_defaults_to_x_and_y_and_one_sample(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "one.h5", 1, chunk=None)
+def test_validate_defaults_to_x_and_y_and_one_sample(samples_file, tmp_path: Path) -> None:
+    path = samples_file(tmp_path / "one.h5", 1, chunk=None)
     info = rd.validate_dataset(path)
     assert (info.path, info.x_name, info.y_name, info.num_samples) == (str(path), "x", "y", 1)
     assert rd.validate_dataset(path, min_samples=1).num_samples == 1
     assert ShardedReader(path, batch_size=1).info.path == str(path)
 
 
-def test_exactly_one_global_batch_of_samples_is_enough(tmp_path: Path) -> None:
-    path = make_file(tmp_path / "d.h5", 24)
+def test_exactly_one_global_batch_of_samples_is_enough(samples_file, tmp_path: Path) -> None:
+    path = samples_file(tmp_path / "d.h5", 24)
     assert rd.validate_dataset(path, min_samples=24).num_samples == 24
     with pytest.raises(ReaderError) as err:
         rd.validate_dataset(path, min_samples=25)

@@ -78,7 +78,7 @@ def test_coalesced_table_gradients_hold_one_row_per_distinct_id() -> None:
     from hpcdp.runtime.sparse_grads import coalesce_table_grads, unique_rows
 
     model = DLRM(13, SIZES, embed_dim=4)
-    coalesce_table_grads(model)
+    coalesce_table_grads(split_params(model)[0])
     dense, ids, label = batch(40)
     loss_fn(model(dense, ids), label).backward()
     for j, (_, p) in enumerate(split_params(model)[0]):

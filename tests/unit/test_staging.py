@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcdp import config as cfgmod
+from hpcdp.config import stage_name_error
 from hpcdp.data.staging import copy as stage_copy
 from hpcdp.data.staging.plan import (
     HEADROOM_BYTES,
@@ -19,7 +20,6 @@ from hpcdp.data.staging.plan import (
     copy_errors,
     expand,
     identical,
-    name_error,
     node_errors,
     plan_node,
 )
@@ -43,9 +43,9 @@ def test_expand_names_an_unset_variable_and_refuses_relative_paths() -> None:
 
 
 def test_name_error_keeps_copies_inside_the_stage_dir() -> None:
-    assert name_error("data.train_file", "sub/train.h5") is None
-    assert "relative" in (name_error("data.train_file", "/abs/train.h5") or "")
-    assert "data.val_file" in (name_error("data.val_file", "../val.h5") or "")
+    assert stage_name_error("data.train_file", "sub/train.h5") is None
+    assert "relative" in (stage_name_error("data.train_file", "/abs/train.h5") or "")
+    assert "data.val_file" in (stage_name_error("data.val_file", "../val.h5") or "")
 
 
 def state(size: int = 100, mtime: int = 7, dest_size: int | None = 100,

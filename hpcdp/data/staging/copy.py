@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hpcdp import files
 from hpcdp.data.staging.plan import (
     SIDECAR_SUFFIX,
     FileOutcome,
@@ -103,24 +104,19 @@ def copy_file(state: FileState) -> FileOutcome:
     dest.unlink(missing_ok=True)  # frees its room before the new copy needs it
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_temporaries(dest)
-    tmp = dest.with_name(f".{dest.name}{_TMP}{os.getpid()}")
     t0 = time.perf_counter()
     h = hashlib.blake2b()
-    try:
-        with source.open("rb") as src, tmp.open("wb") as out:
-            while chunk := src.read(CHUNK):
-                h.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+    with source.open("rb") as src, files.replacing(dest, mark=_TMP) as out:
+        while chunk := src.read(CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())  # on the disk before the digest reads it back
         st = source.stat()
         if (st.st_size, st.st_mtime_ns) != (state.source_size, state.source_mtime_ns):
             raise StageError(f"{source} changed while it was being copied to {dest}")
-        if digest_of(tmp, drop_cache=True) != h.hexdigest():
+        if digest_of(Path(out.name), drop_cache=True) != h.hexdigest():
             raise StageError(f"the copy of {source} at {dest} does not read back as written")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     write_sidecar(state, dest, h.hexdigest())
     return FileOutcome(state.role, str(dest), "copied", state.source_size,
                        time.perf_counter() - t0)
@@ -132,9 +128,7 @@ def write_sidecar(state: FileState, dest: Path, digest: str) -> None:
               "source_mtime_ns": state.source_mtime_ns, "size": st.st_size,
               "mtime_ns": st.st_mtime_ns, "blake2b": digest}
     side = sidecar(dest)
-    tmp = side.with_name(f".{side.name}{_TMP}{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, side)
+    files.write_atomic(side, json.dumps(record, indent=1) + "\n")
 
 
 def remove_dead_temporaries(dest: Path) -> None:

@@ -56,16 +56,6 @@ def expand(template: str, environ: Mapping[str, str]) -> str:
     return expanded
 
 
-def name_error(key: str, name: str) -> str | None:
-    """Why a data file name cannot be staged (it must stay inside the stage dir), or None."""
-    parts = name.replace("\\", "/").split("/")
-    if os.path.isabs(name) or ".." in parts:
-        return (f"{key}={name!r}: with data.stage_dir set, the file must be a path inside "
-                "data.path (relative, without '..'), so that its copy lands inside the "
-                "stage dir")
-    return None
-
-
 @dataclass(frozen=True)
 class FileState:
     """One file as the copier found it: the source, its copy (if any) and the sidecar."""

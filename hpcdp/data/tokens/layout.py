@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcdp import __version__
+
 FORMAT = "hpcdp.tokens"
 FORMAT_VERSION = 1
 TOKENS = "tokens"
@@ -147,8 +149,6 @@ class TokenMeta:
         return token_dtype(self.vocab_size)
 
     def attrs(self, num_tokens: int, num_documents: int, max_token_id: int) -> dict[str, Any]:
-        from hpcdp import __version__
-
         return {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "vocab_size": self.vocab_size, "eod_id": self.eod_id,

@@ -35,13 +35,13 @@ import itertools
 import mmap
 import os
 import sys
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
+from hpcdp import files
 from hpcdp.data import prep_run
 from hpcdp.data.tokens import documents as dc
 from hpcdp.data.tokens import layout as tk
@@ -266,10 +266,7 @@ def save_tokenizer(out: str, tok: tz.Tokenizer, comm: Any) -> str | None:
         return None
     final = os.path.join(out, "tokenizer.json")
     if comm.rank == 0:
-        tmp = os.path.join(out, f".tokenizer.json.tmp-{uuid.uuid4().hex[:12]}")
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(tok.json)
-        os.replace(tmp, final)
+        files.write_atomic(final, tok.json)
     return final
 
 

@@ -18,7 +18,7 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.data.clicks import synth as ck
-from hpcdp.models.dlrm import DLRM, loss_fn, make_optimizers
+from hpcdp.models.dlrm import DLRM, loss_fn, make_optimizers, split_params
 from hpcdp.runtime import sparse_grads as grads
 
 EMBED = 8
@@ -47,8 +47,9 @@ def train(mode: str, sizes: list[int], tensors: list[torch.Tensor], steps: int, 
     model = fresh(sizes)
     sparse_opt, dense_opt = make_optimizers(model, table_opt, 0.05, 1e-3)
     if mode != "single":
-        grads.coalesce_table_grads(model)
-        sparse_opt, dense_opt = grads.distribute(model, sparse_opt, dense_opt, mode)
+        tables, rest = split_params(model)
+        grads.coalesce_table_grads(tables)
+        sparse_opt, dense_opt = grads.distribute(tables, rest, sparse_opt, dense_opt, mode)
     payloads = []
     for step in range(steps):
         lo = step * batch * world + rank * batch
@@ -84,7 +85,7 @@ def main() -> int:
     for mode in grads.GRAD_MODES:
         results[mode], payloads = train(mode, sizes, tensors, args.steps, args.batch, rank, size)
         every = hvd.allgather_object(payloads, name=f"payloads.{mode}")
-        mlp = sum(q.numel() * 4 for _, q in grads.split_params(fresh(sizes))[1])
+        mlp = sum(q.numel() * 4 for _, q in split_params(fresh(sizes))[1])
         per_step = [grads.bytes_sent_per_rank(mode, [e[s] for e in every], mlp)
                     for s in range(args.steps)]
         sent[mode] = {"payload_per_rank": sum(payloads) / len(payloads),
