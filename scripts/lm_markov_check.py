@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from hpcdp.models import gpt
 from hpcdp.data.tokens import layout as tk
 from hpcdp.data.tokens.reader import TokenReader
+from hpcdp.models import gpt
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
