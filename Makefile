@@ -63,7 +63,7 @@ gpu-check: setup
 
 ## On one GPU: ResNet-50, GPT-2 124M and DLRM throughput, eager and compiled (docs/gpu.md).
 gpu-bench: setup
-	$(VENV)/bin/hpcdp bench gpu --out bench/results
+	PY=$(PY) bash scripts/gpu-bench.sh
 
 clean:
 	rm -rf runs data bench/results .pytest_cache .ruff_cache mutants mutants.log
