@@ -169,9 +169,9 @@ def flops_per_sample(run: Any, batch: Any) -> float | None:
     inputs = to_layout(inputs, run.channels_last)
     n = run.task.count(targets)
     counter = FlopCounterMode(display=False)
-    try:
+    try:  # forward() itself: the eager code even where run.compile compiled the module
         with counter, autocast(run.cfg, run.device):
-            run.task.loss(run.model(inputs), targets).backward()
+            run.task.loss(run.model.forward(inputs), targets).backward()
     except Exception:  # noqa: BLE001 - an operator the counter cannot follow: no MFU
         return None
     finally:
@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     flops: dict[str, float | None] = {}
+    failed: list[dict[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-gpu-data-") as tmp:
         paths = prepare_data(Path(tmp), shapes, args.warmup + args.steps, args.timeout)
         prep_s = time.perf_counter() - started
@@ -308,7 +309,14 @@ def main(argv: list[str] | None = None) -> int:
         for case, mode in cases(shapes, modes):
             if only and case.label not in only:
                 continue
-            row = measure(case, mode, paths[case.data], args, flops)
+            try:
+                row = measure(case, mode, paths[case.data], args, flops)
+            except Exception as e:  # noqa: BLE001 - one case's failure must not cost the rest
+                failed.append({"case": case.label, "compile": mode,
+                               "error": f"{type(e).__name__}: {e}"})
+                print(f"bench gpu: {case.label} compile={mode} FAILED: {failed[-1]['error']}",
+                      flush=True)
+                continue
             rows.append(row)
             print(json.dumps(row), flush=True)
             with contextlib.suppress(Exception):
@@ -317,10 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     device = (torch.cuda.get_device_name(0) if args.device == "cuda" else args.device)
     payload = {"benchmark": "gpu", "params": {**vars(args), "shapes": vars(shapes)},
                "device": device, "peak_source": PEAK_SOURCE, "machine": common.machine_metadata(),
-               "rows": rows, "prep_s": prep_s, "total_s": time.perf_counter() - started}
+               "rows": rows, "failed": failed, "prep_s": prep_s,
+               "total_s": time.perf_counter() - started}
     path = common.write_json(Path(args.out) / "gpu.json", payload)
     print(f"bench gpu: {path} ({payload['total_s']:.0f} s in all)")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
