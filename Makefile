@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-lm demo-recsys bench doctor gpu-check mutate clean
+.PHONY: setup test test-unit test-parallel test-slurm lint demo demo-lm demo-recsys bench doctor gpu-check gpu-bench mutate clean
 
 setup:
 	bash scripts/setup-system.sh
@@ -60,6 +60,10 @@ doctor: setup
 ## On a GPU node (Horovod built there with NCCL): the CUDA/NCCL paths, PASS/FAIL each.
 gpu-check: setup
 	VENV=$(VENV) bash scripts/gpu-check.sh
+
+## On one GPU: ResNet-50, GPT-2 124M and DLRM throughput, eager and compiled (docs/gpu.md).
+gpu-bench: setup
+	PY=$(PY) bash scripts/gpu-bench.sh
 
 clean:
 	rm -rf runs data bench/results .pytest_cache .ruff_cache mutants mutants.log

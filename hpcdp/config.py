@@ -57,6 +57,12 @@ class RunConfig:
     stall_floor_s: float = 300.0  # the auto bound never falls below this many seconds
     stall_multiple: float = 10.0  # auto bound: this many times the slowest interval seen
     stall_warmup_factor: float = 3.0  # the start and each first interval get this x the floor
+    compile: bool = False  # compile the model with torch.compile (docs/gpu.md)
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
+    # auto: channels_last memory format for convnets on GPUs, where cuDNN is faster with it;
+    # on: also on CPUs (tests); off: never
+    channels_last: str = "auto"
+    tf32: bool = True  # fp32 matmuls and convolutions in TF32 on GPUs that have it (Ampere on)
 
 
 @dataclass
@@ -264,6 +270,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.cpu_bind": ("auto", "none"),
     "run.device": ("auto", "cpu", "cuda"),
     "run.on_nan": ("stop", "skip"),
+    "run.compile_mode": ("default", "reduce-overhead", "max-autotune"),
+    "run.channels_last": ("auto", "on", "off"),
     "optim.name": ("sgd", "adamw"),
     "optim.lr_scaling": ("linear", "sqrt", "none"),
     "optim.fused": ("auto", "off"),

@@ -24,7 +24,10 @@ BENCHMARKS: dict[str, str] = {
     "reader": "sharded HDF5 reader vs raw slab reads vs a per-sample DataLoader",
     "prep": "parallel dataset preparation, 1 rank vs 2 ranks",
     "train": "weak scaling of real training, 1 vs 2 ranks, step-time split (or --mode ceiling)",
+    "gpu": "one GPU: ResNet-50, GPT-2 124M, DLRM, eager and compiled (--tiny: CPU check)",
 }
+#: Benchmarks that need a GPU: left out of `all` unless named in --only.
+GPU_ONLY = ("gpu",)
 #: Each plain launcher's samples/s over the ceiling's (hpcdp.bench.ceiling; here so that
 #: this module imports nothing heavy).
 TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
@@ -107,7 +110,8 @@ def run_all(argv: list[str]) -> int:
     """Every benchmark in turn into one folder, then the table of targets."""
     p = argparse.ArgumentParser(prog="hpcdp bench all")
     p.add_argument("--out", default="bench/results", help="folder for every JSON and PNG")
-    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")
+    p.add_argument("--only", default=",".join(n for n in BENCHMARKS if n not in GPU_ONLY),
+                   help="comma list of benchmarks")
     args = parse_args(p, argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in BENCHMARKS]

@@ -132,12 +132,18 @@ def normalizer(cfg: Config, device: torch.device) -> Normalizer | None:
 def to_input(x: torch.Tensor, cfg: Config, device: torch.device,
              keys: torch.Tensor | None = None) -> torch.Tensor:
     """Stored dtype -> float on the device; integer inputs are scaled to [0, 1] first, then
-    augmented (training batches with `keys`) and normalised."""
+    augmented (training batches with `keys`) and normalised. On an accelerator the
+    integers are converted, augmented and normalised there."""
     integer = not torch.is_floating_point(x)
     norm = normalizer(cfg, device)
     # One new tensor, then in-place arithmetic on it (the batch the reader handed over
     # is never written to).
-    x = x.to(device, torch.float32, non_blocking=True, copy=norm is not None)
+    if integer and device.type != "cpu":
+        # The stored integers travel (a quarter of float32's bytes, from the reader's
+        # pinned memory) and become float on the device, not on the host.
+        x = x.to(device, non_blocking=True).to(torch.float32)
+    else:
+        x = x.to(device, torch.float32, non_blocking=True, copy=norm is not None)
     if integer:
         x.div_(cfg.image.scale)
     if keys is not None:

@@ -434,6 +434,7 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: 
     saved = state.get("model")
     if not isinstance(saved, dict):
         raise CheckpointError(f"{name} holds no model state")
+    saved = without_compile_prefix(saved)
     own = model.state_dict()
     missing = sorted(set(own) - set(saved))
     extra = sorted(set(saved) - set(own))
@@ -448,6 +449,18 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: 
                 f"{name} does not fit model {model_name!r}: {key} has shape "
                 f"{tuple(saved[key].shape)} there, {tuple(tensor.shape)} here"
             )
+
+
+#: What a torch.compile wrapper puts before every key of its model's state dict.
+COMPILE_PREFIX = "_orig_mod."
+
+
+def without_compile_prefix(model_state: dict[str, Any]) -> dict[str, Any]:
+    """A model state dict with torch.compile's `_orig_mod.` prefixes taken off (at any
+    depth: a compiled submodule puts it mid-key), so that weights saved from a compiled
+    wrapper load into the plain model hpcdp trains (hpcdp.train.accel); other keys and
+    the order unchanged."""
+    return {key.replace(COMPILE_PREFIX, ""): value for key, value in model_state.items()}
 
 
 # --------------------------------------------------------------------------- legacy files

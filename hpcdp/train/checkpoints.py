@@ -279,7 +279,7 @@ class CheckpointManager:
 
     def load(self, state: dict[str, Any], run: Run) -> TrainState:
         """Restore every part a checkpoint holds on this rank; returns the train state."""
-        run.model.load_state_dict(state["model"])
+        run.model.load_state_dict(ckpt.without_compile_prefix(state["model"]))
         saved = state["optimizers"] if "optimizers" in state else [state["optimizer"]]
         if len(saved) != len(run.optimizers):
             raise ckpt.CheckpointError(f"it holds {len(saved)} optimizer state(s), this run "

@@ -14,6 +14,7 @@ import torch
 
 from hpcdp.runtime import dist, watchdog
 from hpcdp.tasks import Metric
+from hpcdp.train.accel import to_layout
 from hpcdp.train.numerics import autocast
 
 
@@ -78,7 +79,7 @@ def evaluate(run: Any) -> dict[str, Any]:
     with torch.no_grad(), autocast(run.cfg, run.device):
         for batch in run.val_reader:
             inputs, targets = run.task.prepare(batch, run.cfg, run.device)
-            out = run.model(inputs)
+            out = run.model(to_layout(inputs, run.channels_last))
             loss = run.task.loss(out, targets)
             sums.add(run.task.measure(out, targets, loss), run.task.count(targets),
                      len(batch[0]))

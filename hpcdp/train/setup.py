@@ -22,6 +22,7 @@ from hpcdp.data.protocol import TrainingReader, ValidationReader
 from hpcdp.runtime.grad_buckets import bucketed
 from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 from hpcdp.tasks import Dataset, Task, read_options
+from hpcdp.train import accel
 from hpcdp.train import schedule as sched
 
 log = logging.getLogger("hpcdp.train")
@@ -52,6 +53,7 @@ class Run:
     # {node: {"train": path, "val": path}} the readers opened, for the summary;
     # data.stage_dir makes them node-local copies (hpcdp.data.staging.collective)
     data_paths_read: dict[str, dict[str, str]] = field(default_factory=dict)
+    channels_last: bool = False  # image batches go to the model in NHWC (hpcdp.train.accel)
 
     @property
     def accum(self) -> int:
@@ -314,6 +316,7 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
     check_runtime(cfg, device, size)
     train_reader, val_reader, batch = readers(cfg, task, rank, size, device)
     net = model(cfg, task, tuple(train_reader.sample_shape), device)
+    channels_last = accel.prepare_model(cfg, net, device)  # layout, TF32, torch.compile
     seed_everything(cfg.run.seed + rank)  # per-rank streams for anything random later
     optimizers = [distributed(cfg, opt, net, device, size) for opt in task.optimizers(cfg, net)]
     scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None
@@ -322,4 +325,5 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
     if cfg.run.max_steps:
         total_steps = min(total_steps, cfg.run.max_steps)
     return Run(cfg, task, device, rank, size, batch, train_reader, val_reader, net, optimizers,
-               scaler, schedule(cfg, steps_per_epoch, batch, size), steps_per_epoch, total_steps)
+               scaler, schedule(cfg, steps_per_epoch, batch, size), steps_per_epoch, total_steps,
+               channels_last=channels_last)

@@ -17,6 +17,7 @@ import torch
 
 from hpcdp.runtime import faults, watchdog
 from hpcdp.train import schedule as sched
+from hpcdp.train.accel import to_layout
 from hpcdp.train.evaluate import MetricSums
 from hpcdp.train.numerics import autocast, finite, nonfinite, parameters
 from hpcdp.train.setup import Run
@@ -63,6 +64,7 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
         # Data time ends with the batch on the device (the task's prepare), as a data
         # share of the step means: what the step waits for before it can compute.
         inputs, targets = run.task.prepare(batch, run.cfg, run.device)
+        inputs = to_layout(inputs, run.channels_last)
         t1 = time.perf_counter()
         forward_backward(run, inputs, targets, sums, nan)
         t_data += t1 - t0
