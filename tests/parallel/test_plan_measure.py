@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.models.vision import build_model, count_parameters
+from hpcdp.models.vision import build_model
+from hpcdp.train.numerics import count_parameters
 
 pytestmark = pytest.mark.parallel
 
