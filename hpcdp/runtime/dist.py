@@ -24,7 +24,7 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import build_guard, hvd_build, hvd_settings
 from hpcdp.runtime.placement import (
     PlacementError,
     RankPlacement,
@@ -46,13 +46,14 @@ class AgreedError(RuntimeError):
 
 def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
                 environ: Mapping[str, str] | None = None,
-                patched: bool = False) -> dict[str, str]:
+                patched: bool = False, patches: frozenset[str] = frozenset()) -> dict[str, str]:
     """The HOROVOD_* variables for these options (pure: Horovod reads them at init).
 
     The fusion threshold: the config's, else one already in `environ`, else
     hpcdp's for the device and CPU backend (hvd_settings.fusion_threshold_bytes).
     The cycle time: the config's, else one in `environ`, else hpcdp's for whether
-    the Horovod build (`patched`) wakes on enqueue (hvd_settings.cycle_env).
+    the Horovod build (`patched`) wakes on enqueue (hvd_settings.cycle_env). The
+    switches of the Gloo patches the build has (`patches`), unless set in `environ`.
     """
     env: dict[str, str] = {}
     if hc.fusion_threshold_mb >= 0:
@@ -61,6 +62,7 @@ def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         env.update(hvd_settings.fusion_env(environ or {}, on_gpu))
     env.update(hvd_settings.wake_env(environ or {}, on_gpu))
     env.update(hvd_settings.cycle_env({**(environ or {}), **env}, patched))
+    env.update(hvd_settings.gloo_env(environ or {}, patches))
     if hc.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
     if hc.stall_check_s >= 0:
@@ -103,10 +105,15 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         if share and hvd_settings.pin_process(share):
             plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)
-    env = horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes())
+    env = horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes(),
+                      hvd_settings.horovod_patches())
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)
+    try:  # before Horovod's first collective, which a mixed job would hang in
+        build_guard.check_same_build(hvd_build.installed_build(environ), environ)
+    except build_guard.BuildMismatch as exc:
+        raise AgreedError(str(exc)) from exc
     hvd.init()
     mismatch = launch_mismatch(hvd.size(), environ)
     if mismatch:  # every task alone in its world: no collective can hang here
@@ -228,6 +235,7 @@ def identity(device: torch.device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "mpi_yield": hvd_settings.yielding(os.environ),
         "settings": settings_line(),
+        "horovod": hvd_build.installed_build().describe(),
     }
 
 
