@@ -137,7 +137,7 @@ def build_check(build: hvd_build.BuildIdentity) -> Check:
         kind = "hpcdp's patched build (training switches the patches on)"
     else:
         kind = "partly patched"
-    return Check(OK, "hvd build", f"{build.describe()}: {kind}")
+    return Check(OK, "hvd build", f"{build.describe(switches=False)}: {kind}")
 
 
 def wake_check(patched: bool) -> Check:
@@ -362,11 +362,12 @@ def placement_checks(timeout: float) -> tuple[list[Check], bool]:
     watchdog = threading.Timer(timeout, give_up)
     watchdog.daemon = True
     watchdog.start()
+    # Gloo's own all-reduce whatever the build, so that ranks of differing builds meet
+    # in the gather below and are named instead of waiting for each other.
+    os.environ.pop(hvd_settings.GLOO_PAIR_VAR, None)
     hvd.init()
     place, problems = my_placement(hvd)
     runtime = my_runtime(hvd.rank(), place.host, os.environ)
-    # doctor sets no patch switches: Horovod talks stock Gloo, so differing builds
-    # gather here and are named instead of waiting for each other.
     build = hvd_build.RankBuild(hvd.rank(), place.host, hvd_build.installed_build())
     gathered = hvd.allgather_object((place, problems, runtime, build))
     watchdog.cancel()
@@ -382,8 +383,9 @@ def placement_checks(timeout: float) -> tuple[list[Check], bool]:
     checks = [Check(OK, "ranks", f"{len(places)} ranks on {len(hosts)} host(s)")]
     checks += [Check(OK, "placement", line) for line in lines]
     checks += [Check(FAIL, "placement", msg) for msg in problems]
+    same = gathered[0][3].build.describe(switches=False)
     checks.append(Check(FAIL, "hvd build", mixed) if mixed else
-                  Check(OK, "hvd build", f"every rank runs {gathered[0][3].build.describe()}"))
+                  Check(OK, "hvd build", f"every rank runs {same}"))
     checks += runtime_checks([r for _, _, r, _ in gathered])
     return checks, hvd.rank() == 0
 

@@ -140,8 +140,8 @@ from hpcdp.runtime import hvd_build
 build = hvd_build.installed_build()
 if os.environ["HOROVOD_KIND"] != "site":  # a site's Horovod was checked above
     assert hvd.mpi_built() and hvd.gloo_built(), "Horovod lacks the MPI or Gloo controller"
-print(f"setup-python: ready: torch {torch.__version__}, {build.describe()} "
-      f"({os.environ['HOROVOD_KIND']}), "
+print(f"setup-python: ready: torch {torch.__version__}, {build.describe(switches=False)} "
+      f"(HPCDP_HOROVOD={os.environ['HOROVOD_KIND']}), "
       f"h5py {h5py.__version__} (parallel)")
 PYEOF
 echo "$inputs_hash" > "$stamp"

@@ -1,15 +1,14 @@
-"""Stop a job whose ranks run different Horovod builds before Horovod starts.
+"""Stop a job whose ranks run different Horovod builds, at start, naming them.
 
-The check cannot go through Horovod itself: under Gloo the controller's first
-negotiation is already an all-reduce, and a rank with the pair all-reduce waits
-for a message a stock rank never sends, until Gloo's timeout. So every rank
-posts its build identity (hpcdp.runtime.hvd_build) where its launcher gives a
-channel of its own, and reads everyone's:
-- horovodrun --gloo: the launcher's rendezvous key-value store (plain JSON over
-  HTTP, the store Gloo's own rendezvous uses, in a scope of hpcdp's);
-- an MPI launcher (mpirun, horovodrun, srun with an MPI plugin): an MPI
-  allgather (mpi4py) before Horovod initializes; Horovod then uses that MPI.
-A single rank, or a launcher with neither, is not checked.
+Under Gloo the check cannot go through Horovod itself: the Gloo controller's
+first negotiation is already an all-reduce, and a rank with the pair all-reduce
+waits for a message a stock rank never sends, until Gloo's timeout. So under
+horovodrun --gloo every rank posts its build identity (hpcdp.runtime.hvd_build)
+to the launcher's rendezvous key-value store (plain JSON over HTTP, the store
+Gloo's own rendezvous uses, in a scope of hpcdp's) before Horovod starts, and
+reads everyone's. Under the MPI controller (mpirun, horovodrun, srun) Horovod
+negotiates through MPI, and an allgather (no all-reduce) is safe whatever the
+builds: the identities are gathered right after `hvd.init()` (`check_gathered`).
 """
 
 from __future__ import annotations
@@ -19,14 +18,12 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hpcdp.runtime.hvd_build import BuildIdentity, RankBuild, mismatch
 
 #: The key-value store's scope for the identities (not one of Horovod's own).
 KV_SCOPE = "hpcdp-build"
-#: Variables through which MPI launchers give the world size.
-MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 
 
 class BuildMismatch(RuntimeError):
@@ -46,14 +43,6 @@ def gloo_rendezvous(environ: Mapping[str, str]) -> tuple[str, int, int, int] | N
     if not addr or port is None or rank is None or size is None:
         return None
     return addr, port, rank, size
-
-
-def mpi_world_size(environ: Mapping[str, str]) -> int:
-    for var in MPI_SIZE_VARS:
-        size = _int(environ, var)
-        if size:
-            return size
-    return 1
 
 
 def _kv_url(addr: str, port: int, rank: int) -> str:
@@ -92,36 +81,33 @@ def exchange_kv(identity: RankBuild, addr: str, port: int, size: int,
         time.sleep(0.05)
 
 
-def exchange_mpi(identity: RankBuild) -> list[RankBuild]:
-    """Every rank's identity through MPI, before Horovod starts (it then uses this MPI)."""
-    from mpi4py import MPI  # loaded only where an MPI launcher started the job
-
-    gathered = MPI.COMM_WORLD.allgather(
-        json.dumps({"rank": identity.rank, "host": identity.host,
-                    "build": identity.build.to_json()}))
-    out = []
-    for rank, text in enumerate(gathered):
-        data = json.loads(text)
-        out.append(RankBuild(rank, str(data["host"]), BuildIdentity.from_json(data["build"])))
-    return out
-
-
-def check_same_build(build: BuildIdentity, environ: Mapping[str, str],
-                     timeout: float = 60.0) -> list[RankBuild]:
-    """Every rank's build (one entry when not checked); raises BuildMismatch, on every
-    rank, where they differ. Call on every rank before `hvd.init()`."""
-    host = socket.gethostname()
-    gloo = gloo_rendezvous(environ)
-    if gloo is not None and gloo[3] > 1:
-        addr, port, rank, size = gloo
-        builds = exchange_kv(RankBuild(rank, host, build), addr, port, size, timeout)
-    elif mpi_world_size(environ) > 1:
-        from mpi4py import MPI  # see exchange_mpi
-
-        builds = exchange_mpi(RankBuild(MPI.COMM_WORLD.Get_rank(), host, build))
-    else:
-        return [RankBuild(0, host, build)]
+def _raise_if_mixed(builds: list[RankBuild]) -> list[RankBuild]:
     problem = mismatch(builds)
     if problem:
         raise BuildMismatch(problem)
     return builds
+
+
+def check_before_init(build: BuildIdentity, environ: Mapping[str, str],
+                      timeout: float = 60.0) -> list[RankBuild] | None:
+    """Under horovodrun --gloo with several ranks: every rank's build, compared before
+    `hvd.init()` (raises BuildMismatch on every rank where they differ). Elsewhere
+    None: compare after init with `check_gathered`."""
+    gloo = gloo_rendezvous(environ)
+    if gloo is None or gloo[3] < 2:
+        return None
+    addr, port, rank, size = gloo
+    return _raise_if_mixed(exchange_kv(RankBuild(rank, socket.gethostname(), build), addr,
+                                       port, size, timeout))
+
+
+def check_gathered(build: BuildIdentity, rank: int,
+                   allgather: Callable[[dict[str, object]], list[dict[str, object]]]
+                   ) -> list[RankBuild]:
+    """Every rank's build through `allgather` (Horovod's allgather_object under the MPI
+    controller, after init); raises BuildMismatch on every rank where they differ."""
+    gathered = allgather({"rank": rank, "host": socket.gethostname(),
+                          "build": build.to_json()})
+    return _raise_if_mixed([RankBuild(int(g["rank"]), str(g["host"]),  # type: ignore[call-overload]
+                                      BuildIdentity.from_json(g["build"]))  # type: ignore[arg-type]
+                            for g in gathered])

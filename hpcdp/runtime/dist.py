@@ -110,14 +110,21 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)
-    try:  # before Horovod's first collective, which a mixed job would hang in
-        build_guard.check_same_build(hvd_build.installed_build(environ), environ)
+    build = hvd_build.installed_build(environ)
+    try:  # under Gloo: before Horovod's first negotiation, which a mixed job would hang in
+        checked = build_guard.check_before_init(build, environ)
     except build_guard.BuildMismatch as exc:
         raise AgreedError(str(exc)) from exc
     hvd.init()
     mismatch = launch_mismatch(hvd.size(), environ)
     if mismatch:  # every task alone in its world: no collective can hang here
         raise AgreedError(mismatch)
+    if checked is None and hvd.size() > 1:  # the MPI controller: an allgather is safe
+        try:
+            build_guard.check_gathered(build, hvd.rank(), lambda mine: hvd.allgather_object(
+                mine, name="hpcdp.runtime.build"))
+        except build_guard.BuildMismatch as exc:
+            raise AgreedError(str(exc)) from exc
     if hvd.local_size() != plan.local_ranks and "OMP_NUM_THREADS" in plan.env:
         # A launcher whose variables hvd_settings does not know: threads follow Horovod's
         # count of local ranks now (yielding was decided before MPI started and stays).

@@ -32,12 +32,14 @@ class BuildIdentity:
     patches: frozenset[str]
     active: frozenset[str]
 
-    def describe(self) -> str:
+    def describe(self, switches: bool = True) -> str:
         """'horovod 0.28.1 stock' or 'horovod 0.28.1 with hpcdp's patches
-        gloo-pair-allreduce (on), gloo-yield-when-busy (off), wake-on-enqueue (on)'."""
+        gloo-pair-allreduce (on), gloo-yield-when-busy (off), wake-on-enqueue (on)'
+        (without `switches`, the patches alone)."""
         if not self.patches:
             return f"horovod {self.version} stock"
-        parts = [f"{p} ({'on' if p in self.active else 'off'})" for p in sorted(self.patches)]
+        parts = [f"{p} ({'on' if p in self.active else 'off'})" if switches else p
+                 for p in sorted(self.patches)]
         return f"horovod {self.version} with hpcdp's patches {', '.join(parts)}"
 
     def to_json(self) -> dict[str, object]:

@@ -8,6 +8,7 @@ with ranks that behave differently.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,14 +48,16 @@ def test_the_same_build_goes_on(ranks) -> None:
     assert run.output.count("same build, 2 ranks") == 2, run.describe()
 
 
-@pytest.mark.skipif(not os.environ.get("HPCDP_OTHER_PYTHON"),
-                    reason="HPCDP_OTHER_PYTHON: a Python with another Horovod build "
-                           "(make test-stock sets it)")
-def test_two_venvs_under_one_mpirun_stop(tmp_path: Path) -> None:
-    """mpirun's MPMD form: rank 0 on this Python's Horovod, rank 1 on another build."""
+two_venvs = pytest.mark.skipif(
+    not os.environ.get("HPCDP_OTHER_PYTHON"),
+    reason="HPCDP_OTHER_PYTHON: a Python with another Horovod build (make test-stock sets it)")
+
+
+def mpmd(tmp_path: Path, args: list[str]) -> tuple[int, str]:
+    """mpirun's MPMD form: rank 0 on this Python's Horovod, rank 1 on HPCDP_OTHER_PYTHON's."""
     other = os.environ["HPCDP_OTHER_PYTHON"]
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output",
-           "-np", "1", sys.executable, str(WORKER), ":", "-np", "1", other, str(WORKER)]
+           "-np", "1", sys.executable, *args, ":", "-np", "1", other, *args]
     env = rank_environment(np=2)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
                                                       env.get("PYTHONPATH")]))
@@ -66,5 +69,19 @@ def test_two_venvs_under_one_mpirun_stop(tmp_path: Path) -> None:
         kill_group(proc.pid)
         out, _ = proc.communicate()
         pytest.fail(f"the mixed job did not stop within 120 s:\n{out}")
-    assert proc.returncode != 0, out
+    return proc.returncode, out
+
+
+@two_venvs
+def test_two_venvs_under_one_mpirun_stop(tmp_path: Path) -> None:
+    code, out = mpmd(tmp_path, [str(WORKER)])
+    assert code != 0, out
     assert_stopped(out)
+
+
+@two_venvs
+def test_doctor_names_two_venvs_builds(tmp_path: Path) -> None:
+    code, out = mpmd(tmp_path, ["-m", "hpcdp", "doctor"])
+    assert code != 0, out
+    assert re.search(r"FAIL +hvd build +the ranks of this job run different Horovod builds",
+                     out), out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcdp.runtime import hvd_settings
-from hpcdp.runtime.build_guard import gloo_rendezvous, mpi_world_size
+from hpcdp.runtime.build_guard import BuildMismatch, check_gathered, gloo_rendezvous
 from hpcdp.runtime.hvd_build import BuildIdentity, RankBuild, _version_tuple, mismatch
 
 ALL = frozenset(hvd_settings.PATCH_SWITCHES)
@@ -56,9 +56,16 @@ def test_which_channel_the_check_uses() -> None:
             "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}
     assert gloo_rendezvous(gloo) == ("10.0.0.1", 4000, 1, 2)
     assert gloo_rendezvous({**gloo, "HOROVOD_SIZE": ""}) is None
-    assert mpi_world_size({"OMPI_COMM_WORLD_SIZE": "3"}) == 3
-    assert mpi_world_size({"SLURM_STEP_NUM_TASKS": "4"}) == 4
-    assert mpi_world_size({}) == 1
+
+
+def test_gathered_builds_are_compared() -> None:
+    def world(*builds: BuildIdentity):
+        return lambda mine: [{**mine, "rank": i, "build": b.to_json()}
+                             for i, b in enumerate(builds)]
+
+    assert len(check_gathered(PATCHED, 0, world(PATCHED, PATCHED))) == 2
+    with pytest.raises(BuildMismatch, match="horovod 0.28.1 stock: rank 1 on "):
+        check_gathered(PATCHED, 0, world(PATCHED, STOCK))
 
 
 def test_version_order() -> None:
