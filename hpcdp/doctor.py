@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpcdp.cliargs import parse_args
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import hvd_build, hvd_settings
 from hpcdp.runtime.cpus import format_cpu_list
 from hpcdp.runtime.placement import (
     RankPlacement,
@@ -108,6 +108,7 @@ def check_horovod() -> list[Check]:
     status = OK if controllers else FAIL
     checks = [
         Check(status, "horovod", detail if controllers else detail + " (no controller built)"),
+        build_check(hvd_build.installed_build()),
         wake_check(hvd_settings.horovod_wakes()),
         gloo_check(hvd_settings.horovod_patches()),
     ]
@@ -128,6 +129,17 @@ def check_horovod() -> list[Check]:
     return checks
 
 
+def build_check(build: hvd_build.BuildIdentity) -> Check:
+    """Which Horovod build this is: hpcdp's patched one, stock, or partly patched."""
+    if not build.patches:
+        kind = "stock Horovod, none of hpcdp's patches (docs/install.md says what is lost)"
+    elif build.patches == frozenset(hvd_settings.PATCH_SWITCHES):
+        kind = "hpcdp's patched build (training switches the patches on)"
+    else:
+        kind = "partly patched"
+    return Check(OK, "hvd build", f"{build.describe(switches=False)}: {kind}")
+
+
 def wake_check(patched: bool) -> Check:
     """Whether CPU training's all-reduces start when the last rank's tensors arrive."""
     if patched:
@@ -139,7 +151,7 @@ def wake_check(patched: bool) -> Check:
                  "'make setup' builds the patched one")
 
 
-GLOO_PATCHES = ("gloo-yield-when-busy", "gloo-pair-allreduce")
+GLOO_PATCHES = hvd_settings.GLOO_PATCHES
 
 
 def gloo_check(patches: frozenset[str]) -> Check:
@@ -352,13 +364,18 @@ def placement_checks(timeout: float) -> tuple[list[Check], bool]:
     watchdog = threading.Timer(timeout, give_up)
     watchdog.daemon = True
     watchdog.start()
+    # Gloo's own all-reduce whatever the build, so that ranks of differing builds meet
+    # in the gather below and are named instead of waiting for each other.
+    os.environ.pop(hvd_settings.GLOO_PAIR_VAR, None)
     hvd.init()
     place, problems = my_placement(hvd)
     runtime = my_runtime(hvd.rank(), place.host, os.environ)
-    gathered = hvd.allgather_object((place, problems, runtime))
+    build = hvd_build.RankBuild(hvd.rank(), place.host, hvd_build.installed_build())
+    gathered = hvd.allgather_object((place, problems, runtime, build))
     watchdog.cancel()
-    places = [p for p, _, _ in gathered]
-    problems = [msg for _, msgs, _ in gathered for msg in msgs] + check_placement(places)
+    places = [p for p, _, _, _ in gathered]
+    problems = [msg for _, msgs, _, _ in gathered for msg in msgs] + check_placement(places)
+    mixed = hvd_build.mismatch([b for _, _, _, b in gathered])
     hosts = sorted({p.host for p in places})
     lines = [
         f"rank {p.rank}: host {p.host}, local rank {p.local_rank}/{p.local_size}, "
@@ -368,7 +385,10 @@ def placement_checks(timeout: float) -> tuple[list[Check], bool]:
     checks = [Check(OK, "ranks", f"{len(places)} ranks on {len(hosts)} host(s)")]
     checks += [Check(OK, "placement", line) for line in lines]
     checks += [Check(FAIL, "placement", msg) for msg in problems]
-    checks += runtime_checks([r for _, _, r in gathered])
+    same = gathered[0][3].build.describe(switches=False)
+    checks.append(Check(FAIL, "hvd build", mixed) if mixed else
+                  Check(OK, "hvd build", f"every rank runs {same}"))
+    checks += runtime_checks([r for _, _, r, _ in gathered])
     return checks, hvd.rank() == 0
 
 

@@ -4,6 +4,7 @@
 #   SRC=horovod-0.28.1 PY=.venv/bin/python WHEELDIR=out GPU_OPS=auto bash scripts/build-horovod.sh
 #   PY=.venv/bin/python bash scripts/build-horovod.sh --gpu-ops   # print what auto picks
 #   SRC=... PY=... WHEELDIR=... bash scripts/build-horovod.sh --patch-only   # patch, no build
+#   PATCHES=none ...   # stock 0.28.1: only the build fixes below, none of hpcdp's patches
 #
 # Called by setup-python.sh (which downloads the source release) and usable on
 # its own on a node that cannot reach a package index. What it does:
@@ -12,7 +13,8 @@
 # - CMake >= 4 refuses the bundled Gloo's cmake_minimum_required(2.8.12):
 #   CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake 3.x ignores it).
 # - Wake on enqueue, Gloo yielding when busy, and two-rank Gloo all-reduce in
-#   one exchange (scripts/*.patch): see below.
+#   one exchange (scripts/*.patch): see below. PATCHES=hpcdp (the default) or
+#   none (stock Horovod with only the build fixes).
 # - Controllers: MPI when mpicc is found (HPCDP_HVD_MPI=0 to leave it out), and
 #   Gloo always.
 # - GPU_OPS: NCCL | none | auto (NCCL when nvcc is found and torch is a CUDA
@@ -23,6 +25,7 @@
 set -euo pipefail
 : "${PY:?PY: the python that has torch}"
 GPU_OPS=${GPU_OPS:-auto}
+PATCHES=${PATCHES:-hpcdp}
 log() { echo "build-horovod: $*"; }
 die() { echo "build-horovod: error: $*" >&2; exit 1; }
 
@@ -64,19 +67,25 @@ if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
 fi
 # hpcdp's three behavioural patches, each applied once per tree (a marker it adds
 # tells whether a tree has it; the markers stay in the library, where `hpcdp
-# doctor` reads them):
-# - scripts/horovod-wake-on-enqueue.patch (off unless HOROVOD_WAKE_ON_ENQUEUE=1,
-#   which hpcdp.runtime.hvd_settings sets for CPU training): the background thread starts a
-#   cycle as soon as a tensor is enqueued instead of sleeping out the cycle time,
-#   so a step's last all-reduce does not wait up to a cycle.
-# - scripts/gloo-yield-when-busy.patch (always on): Gloo's TCP event loop, finding
-#   a connection locked by the thread sending on it, yields its core before trying
-#   again instead of spinning; with a rank pinned to one core the spin kept the
-#   sender off the core for milliseconds (docs/benchmarks.md, 2026-12-02).
-# - scripts/horovod-gloo-pair-allreduce.patch (always on): between exactly two
-#   ranks, Gloo all-reduces of up to 256 KiB (a small model's gradients, and the
-#   controller's per-cycle negotiation) go as one exchange of the whole buffer
-#   each way instead of Gloo's ring of four segments in two phases.
+# doctor` and hpcdp.runtime.hvd_build read them). Each is off unless its variable
+# is set to 1, so the patched library behaves, and talks on the wire, as stock
+# Horovod does for any program that does not ask; hpcdp.runtime.hvd_settings sets
+# them where the build has them:
+# - scripts/horovod-wake-on-enqueue.patch (HOROVOD_WAKE_ON_ENQUEUE, set for CPU
+#   training): the background thread starts a cycle as soon as a tensor is
+#   enqueued instead of sleeping out the cycle time, so a step's last all-reduce
+#   does not wait up to a cycle.
+# - scripts/gloo-yield-when-busy.patch (HOROVOD_GLOO_YIELD_WHEN_BUSY): Gloo's TCP
+#   event loop, finding a connection locked by the thread sending on it, yields
+#   its core before trying again instead of spinning; with a rank pinned to one
+#   core the spin kept the sender off the core for milliseconds
+#   (docs/benchmarks.md, 2026-12-02).
+# - scripts/horovod-gloo-pair-allreduce.patch (HOROVOD_GLOO_PAIR_ALLREDUCE): between
+#   exactly two ranks, Gloo all-reduces of up to 256 KiB (a small model's
+#   gradients, and the controller's per-cycle negotiation) go as one exchange of
+#   the whole buffer each way instead of Gloo's ring of four segments in two
+#   phases. It changes the messages on the wire: every rank of a job must agree
+#   (hpcdp checks the build identities at start, hpcdp.runtime.build_guard).
 apply_patch() {  # apply_patch NAME FILE-THAT-HAS-THE-MARKER MARKER
   local patch_file
   patch_file="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$1"
@@ -90,13 +99,24 @@ apply_patch() {  # apply_patch NAME FILE-THAT-HAS-THE-MARKER MARKER
   fi
   grep -q "$3" "$SRC/$2" || die "$patch_file applied, but $2 lacks $3"
 }
-apply_patch horovod-wake-on-enqueue.patch horovod/common/operations.cc HOROVOD_WAKE_ON_ENQUEUE
-apply_patch gloo-yield-when-busy.patch third_party/gloo/gloo/transport/tcp/pair.cc \
-  hpcdp-gloo-yield-when-busy
-apply_patch horovod-gloo-pair-allreduce.patch horovod/common/ops/gloo_operations.cc \
-  hpcdp-gloo-pair-allreduce
+case "$PATCHES" in
+  hpcdp)
+    apply_patch horovod-wake-on-enqueue.patch horovod/common/operations.cc HOROVOD_WAKE_ON_ENQUEUE
+    apply_patch gloo-yield-when-busy.patch third_party/gloo/gloo/transport/tcp/pair.cc \
+      hpcdp-gloo-yield-when-busy-2
+    apply_patch horovod-gloo-pair-allreduce.patch horovod/common/ops/gloo_operations.cc \
+      hpcdp-gloo-pair-allreduce-2
+    patched="C++17, wake on enqueue, Gloo yields when busy, pair all-reduce" ;;
+  none)
+    if grep -rqs -e hpcdp-gloo -e HOROVOD_WAKE_ON_ENQUEUE "$SRC/horovod/common" \
+         "$SRC/third_party/gloo/gloo/transport/tcp"; then
+      die "$SRC already has hpcdp's patches: unpack the release afresh for a stock build"
+    fi
+    patched="C++17 only (stock Horovod)" ;;
+  *) die "PATCHES=$PATCHES: hpcdp or none" ;;
+esac
 if [ "${1:-}" = --patch-only ]; then
-  log "patched $SRC (C++17, wake on enqueue, Gloo yields when busy, pair all-reduce); not building"
+  log "patched $SRC ($patched); not building"
   exit 0
 fi
 

@@ -13,6 +13,13 @@
 #   HPCDP_GPU_OPS        NCCL or none (default: NCCL when nvcc and a CUDA torch
 #                        are found, else none)
 #   HPCDP_WHEEL_CACHE    where built wheels are kept (default ~/.cache/hpcdp/wheels)
+#   HPCDP_HOROVOD        which Horovod (docs/install.md):
+#                        patched  0.28.1 with the C++17 fix and hpcdp's patches (default)
+#                        stock    0.28.1 with only the C++17 fix
+#                        site     the Horovod the venv can already import (a module, a
+#                                 container's, one installed into the venv): checked,
+#                                 never rebuilt; a venv created here then sees the
+#                                 system's site-packages
 set -euo pipefail
 
 VENV=${VENV:-.venv}
@@ -22,14 +29,20 @@ H5PY_VERSION=3.16.0
 TORCH_REQ=${HPCDP_TORCH:-torch==2.13.0}
 CACHE=${HPCDP_WHEEL_CACHE:-$HOME/.cache/hpcdp/wheels}
 # Bump when the way Horovod is patched or built changes, so old wheels are not reused.
-HOROVOD_RECIPE=5
+HOROVOD_RECIPE=6
+HOROVOD_STOCK_RECIPE=1
+HOROVOD_KIND=${HPCDP_HOROVOD:-patched}
+case "$HOROVOD_KIND" in
+  patched|stock|site) ;;
+  *) echo "setup-python: error: HPCDP_HOROVOD=$HOROVOD_KIND: patched, stock or site" >&2; exit 2 ;;
+esac
 
 log() { echo "setup-python: $*"; }
 
 # A venv already set up from these very inputs needs nothing more: the stamp
 # holds a hash of the files and choices that decide what gets installed.
 stamp="$VENV/.hpcdp-setup"
-inputs_hash=$(cat pyproject.toml "$0" "$(dirname "$0")/build-horovod.sh" | sha256sum | cut -c1-16)-${TORCH_REQ}-${HPCDP_GPU_OPS:-auto}
+inputs_hash=$(cat pyproject.toml "$0" "$(dirname "$0")/build-horovod.sh" | sha256sum | cut -c1-16)-${TORCH_REQ}-${HPCDP_GPU_OPS:-auto}-${HOROVOD_KIND}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs_hash" ] \
    && "$VENV/bin/python" -c 'import horovod.torch, h5py, hpcdp' >/dev/null 2>&1; then
   log "$VENV is up to date (delete $stamp to force a reinstall)"
@@ -38,7 +51,10 @@ fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
+  venv_flags=()
+  # A site Horovod lives in the system's (or a module's) site-packages.
+  if [ "$HOROVOD_KIND" = site ]; then venv_flags=(--system-site-packages); fi
+  "$PYTHON" -m venv "${venv_flags[@]}" "$VENV"
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
@@ -77,39 +93,55 @@ if ! "$PY" -c 'import h5py, sys; sys.exit(0 if h5py.get_config().mpi else 1)' >/
   "${PIP[@]}" install --force-reinstall --no-deps "$h5dir"/h5py-*.whl
 fi
 
-# --- Horovod 0.28.1 with the C++17 fix --------------------------------------
-hvdkey="horovod-$HOROVOD_VERSION-r$HOROVOD_RECIPE-$pyver-torch_$torchver-gpu_$gpu_ops-$mpiver"
-hvddir="$CACHE/$hvdkey"
-if ! ls "$hvddir"/horovod-*.whl >/dev/null 2>&1; then
-  log "building Horovod $HOROVOD_VERSION for torch $torchver, GPU ops: $gpu_ops (6-7 minutes on 2 cores)"
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-  "${PIP[@]}" download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
-  tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
-  # What Horovod's setup.py needs at build time (it would fetch them itself otherwise).
-  "${PIP[@]}" install cffi cloudpickle psutil pyyaml packaging wheel
-  mkdir -p "$hvddir.tmp"
-  SRC="$work/horovod-$HOROVOD_VERSION" PY="$PY" WHEELDIR="$hvddir.tmp" GPU_OPS="$gpu_ops" \
-    bash "$(dirname "$0")/build-horovod.sh"
-  rm -rf "$hvddir"; mv "$hvddir.tmp" "$hvddir"
+# --- Horovod 0.28.1 with the C++17 fix (and hpcdp's patches) -----------------
+if [ "$HOROVOD_KIND" = site ]; then
+  # Use what is there: say what it lacks, stop only where hpcdp cannot run on it.
+  log "checking the site's Horovod (HPCDP_HOROVOD=site): nothing is built or installed"
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m hpcdp.runtime.hvd_build --check-site \
+    || { echo "setup-python: error: the site's Horovod cannot run hpcdp (above)" >&2; exit 1; }
+  hvdkey=site
+  find_horovod=()
+else
+  variant=r$HOROVOD_RECIPE; patches=hpcdp
+  if [ "$HOROVOD_KIND" = stock ]; then variant=stock-r$HOROVOD_STOCK_RECIPE; patches=none; fi
+  hvdkey="horovod-$HOROVOD_VERSION-$variant-$pyver-torch_$torchver-gpu_$gpu_ops-$mpiver"
+  hvddir="$CACHE/$hvdkey"
+  if ! ls "$hvddir"/horovod-*.whl >/dev/null 2>&1; then
+    log "building $HOROVOD_KIND Horovod $HOROVOD_VERSION for torch $torchver, GPU ops: $gpu_ops (6-7 minutes on 2 cores)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "${PIP[@]}" download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+    tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
+    # What Horovod's setup.py needs at build time (it would fetch them itself otherwise).
+    "${PIP[@]}" install cffi cloudpickle psutil pyyaml packaging wheel
+    mkdir -p "$hvddir.tmp"
+    SRC="$work/horovod-$HOROVOD_VERSION" PY="$PY" WHEELDIR="$hvddir.tmp" GPU_OPS="$gpu_ops" \
+      PATCHES="$patches" bash "$(dirname "$0")/build-horovod.sh"
+    rm -rf "$hvddir"; mv "$hvddir.tmp" "$hvddir"
+  fi
+  # The venv records which build it holds, so a new recipe (a changed patch) reaches
+  # venvs that already have this Horovod version.
+  installed_key=$(cat "$VENV/.hpcdp-horovod" 2>/dev/null || true)
+  if ! "$PY" -c 'import horovod.torch' >/dev/null 2>&1 || [ "$installed_key" != "$hvdkey" ] \
+     || [ "$("$PY" -c 'import horovod; print(horovod.__version__)')" != "$HOROVOD_VERSION" ]; then
+    "${PIP[@]}" install --force-reinstall --no-deps "$hvddir"/horovod-*.whl
+  fi
+  find_horovod=(--find-links "$hvddir")
 fi
-# The venv records which build it holds, so a new recipe (a changed patch) reaches
-# venvs that already have this Horovod version.
-installed_key=$(cat "$VENV/.hpcdp-horovod" 2>/dev/null || true)
-if ! "$PY" -c 'import horovod.torch' >/dev/null 2>&1 || [ "$installed_key" != "$hvdkey" ] \
-   || [ "$("$PY" -c 'import horovod; print(horovod.__version__)')" != "$HOROVOD_VERSION" ]; then
-  "${PIP[@]}" install --force-reinstall --no-deps "$hvddir"/horovod-*.whl
-  echo "$hvdkey" > "$VENV/.hpcdp-horovod"
-fi
+echo "$hvdkey" > "$VENV/.hpcdp-horovod"
 
 # --- the project -----------------------------------------------------------
 log "installing hpcdp (editable) with its test tools"
-"${PIP[@]}" install --no-build-isolation --find-links "$hvddir" --find-links "$h5dir" -e ".[dev]"
-"$PY" - <<'PYEOF'
-import h5py, horovod.torch as hvd, torch
+"${PIP[@]}" install --no-build-isolation "${find_horovod[@]}" --find-links "$h5dir" -e ".[dev]"
+HOROVOD_KIND=$HOROVOD_KIND "$PY" - <<'PYEOF'
+import os, h5py, horovod.torch as hvd, torch
 assert h5py.get_config().mpi, "h5py was not built against parallel HDF5"
-assert hvd.mpi_built() and hvd.gloo_built(), "Horovod lacks the MPI or Gloo controller"
-print(f"setup-python: ready: torch {torch.__version__}, horovod {__import__('horovod').__version__}, "
+from hpcdp.runtime import hvd_build
+build = hvd_build.installed_build()
+if os.environ["HOROVOD_KIND"] != "site":  # a site's Horovod was checked above
+    assert hvd.mpi_built() and hvd.gloo_built(), "Horovod lacks the MPI or Gloo controller"
+print(f"setup-python: ready: torch {torch.__version__}, {build.describe(switches=False)} "
+      f"(HPCDP_HOROVOD={os.environ['HOROVOD_KIND']}), "
       f"h5py {h5py.__version__} (parallel)")
 PYEOF
 echo "$inputs_hash" > "$stamp"

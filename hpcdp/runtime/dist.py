@@ -24,7 +24,7 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import build_guard, hvd_build, hvd_settings
 from hpcdp.runtime.placement import (
     PlacementError,
     RankPlacement,
@@ -74,14 +74,26 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         if share and hvd_settings.pin_process(share):
             plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)
-    env = hvd_settings.horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes())
+    env = hvd_settings.horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes(),
+                                   hvd_settings.horovod_patches())
     if "HOROVOD_TIMELINE" in env:
         Path(env["HOROVOD_TIMELINE"]).parent.mkdir(parents=True, exist_ok=True)
     environ.update(env)
+    build = hvd_build.installed_build(environ)
+    try:  # under Gloo: before Horovod's first negotiation, which a mixed job would hang in
+        checked = build_guard.check_before_init(build, environ)
+    except build_guard.BuildMismatch as exc:
+        raise AgreedError(str(exc)) from exc
     hvd.init()
     mismatch = launch_mismatch(hvd.size(), environ)
     if mismatch:  # every task alone in its world: no collective can hang here
         raise AgreedError(mismatch)
+    if checked is None and hvd.size() > 1:  # the MPI controller: an allgather is safe
+        try:
+            build_guard.check_gathered(build, hvd.rank(), lambda mine: hvd.allgather_object(
+                mine, name="hpcdp.runtime.build"))
+        except build_guard.BuildMismatch as exc:
+            raise AgreedError(str(exc)) from exc
     if hvd.local_size() != plan.local_ranks and "OMP_NUM_THREADS" in plan.env:
         # A launcher whose variables hvd_settings does not know: threads follow Horovod's
         # count of local ranks now (yielding was decided before MPI started and stays).
@@ -199,6 +211,7 @@ def identity(device: torch.device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "mpi_yield": hvd_settings.yielding(os.environ),
         "settings": settings_line(),
+        "horovod": hvd_build.installed_build().describe(),
     }
 
 

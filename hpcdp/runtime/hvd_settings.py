@@ -92,11 +92,13 @@ LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCA
 def recommended_env(overrides: Mapping[str, object] | None = None, ranks: int = 2,
                     view: CpuView | None = None) -> dict[str, str]:
     """hpcdp's settings for `ranks` ranks started from here on this process's CPUs
-    (unbound), with `overrides` winning (e.g. from a config file): threads and yielding.
+    (unbound), with `overrides` winning (e.g. from a config file): threads, yielding, and
+    the switches of the build's Gloo patches.
     The fusion threshold and the cycle time depend on the device, the controller and
     the Horovod build: each rank chooses them at `hvd.init()` (`horovod_env`)."""
     plan = plan_runtime(view or probe(), ranks, {})
     env = dict(plan.env)
+    env.update(gloo_env({}, horovod_patches()))
     if overrides:
         env.update({k: str(v) for k, v in overrides.items()})
     return env
@@ -156,20 +158,37 @@ def wake_env(environ: Mapping[str, str], on_gpu: bool) -> dict[str, str]:
     return {WAKE_VAR: "1"}
 
 
-def wake_requested(environ: Mapping[str, str]) -> bool:
-    """Whether `environ` asks Horovod to wake on enqueue (Horovod reads '> 0' as yes)."""
+def switched_on(environ: Mapping[str, str], var: str) -> bool:
+    """Whether `environ` switches a patch on (the library reads a number > 0 as yes)."""
     try:
-        return int(environ.get(WAKE_VAR, "0").strip() or "0") > 0
+        return int(environ.get(var, "0").strip() or "0") > 0
     except ValueError:
         return False
 
 
-#: What each of hpcdp's Horovod patches (scripts/*.patch) leaves in the library.
+def wake_requested(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` asks Horovod to wake on enqueue."""
+    return switched_on(environ, WAKE_VAR)
+
+
+#: What each of hpcdp's Horovod patches (scripts/*.patch) leaves in the library. The
+#: Gloo marks end in "-2" for the builds where the patch is behind its switch and the
+#: pair all-reduce reduces in rank order (an older build's marks are not read as these).
 PATCH_MARKS: Mapping[str, bytes] = {
     "wake-on-enqueue": WAKE_VAR.encode(),
-    "gloo-yield-when-busy": b"hpcdp-gloo-yield-when-busy",
-    "gloo-pair-allreduce": b"hpcdp-gloo-pair-allreduce",
+    "gloo-yield-when-busy": b"hpcdp-gloo-yield-when-busy-2",
+    "gloo-pair-allreduce": b"hpcdp-gloo-pair-allreduce-2",
 }
+GLOO_YIELD_VAR = "HOROVOD_GLOO_YIELD_WHEN_BUSY"
+GLOO_PAIR_VAR = "HOROVOD_GLOO_PAIR_ALLREDUCE"
+#: The variable that switches each patch on: the patched library behaves as stock
+#: Horovod (on the wire too) unless it is set to a number > 0.
+PATCH_SWITCHES: Mapping[str, str] = {
+    "wake-on-enqueue": WAKE_VAR,
+    "gloo-yield-when-busy": GLOO_YIELD_VAR,
+    "gloo-pair-allreduce": GLOO_PAIR_VAR,
+}
+GLOO_PATCHES = ("gloo-yield-when-busy", "gloo-pair-allreduce")
 _patches: dict[str, frozenset[str]] = {}
 
 
@@ -198,6 +217,21 @@ def horovod_wakes(library: str | None = None) -> bool:
     return "wake-on-enqueue" in horovod_patches(library)
 
 
+def gloo_env(environ: Mapping[str, str], patches: frozenset[str]) -> dict[str, str]:
+    """The switches of the Gloo patches the build has (`patches`), on, unless `environ`
+    sets them: Gloo yields when busy, and two ranks all-reduce small buffers in one
+    exchange (scripts/*.patch, docs/benchmarks.md). On GPUs too, where Gloo can be
+    the controller. Every rank of a job must agree on the pair all-reduce
+    (hpcdp.runtime.build_guard checks it before Horovod starts)."""
+    return {PATCH_SWITCHES[p]: "1" for p in GLOO_PATCHES
+            if p in patches and PATCH_SWITCHES[p] not in environ}
+
+
+def active_patches(environ: Mapping[str, str], patches: frozenset[str]) -> frozenset[str]:
+    """Which of the build's `patches` `environ` switches on."""
+    return frozenset(p for p in patches if switched_on(environ, PATCH_SWITCHES[p]))
+
+
 #: Horovod's cycle where an enqueue wakes its thread (see the module doc).
 WOKEN_CYCLE_MS = 50
 
@@ -213,14 +247,15 @@ def cycle_env(environ: Mapping[str, str], patched: bool) -> dict[str, str]:
 
 def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
                 environ: Mapping[str, str] | None = None,
-                patched: bool = False) -> dict[str, str]:
+                patched: bool = False, patches: frozenset[str] = frozenset()) -> dict[str, str]:
     """Every HOROVOD_* variable hpcdp sets before `hvd.init()` (pure; dist.init applies it).
 
     The fusion threshold: the config's, else one already in `environ`, else
     hpcdp's for the device and CPU backend (`fusion_threshold_bytes`). The wake on
     enqueue: `wake_env`. The cycle time: the config's, else one in `environ`, else
     hpcdp's for whether the Horovod build (`patched`) wakes on enqueue (`cycle_env`).
-    Stall checks and the timeline (relative to `run_dir`): the config's, when set.
+    The switches of the Gloo patches the build has (`patches`, `gloo_env`), unless set
+    in `environ`. Stall checks and the timeline (relative to `run_dir`): the config's, when set.
     """
     env: dict[str, str] = {}
     if hc.fusion_threshold_mb >= 0:
@@ -229,6 +264,7 @@ def horovod_env(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         env.update(fusion_env(environ or {}, on_gpu))
     env.update(wake_env(environ or {}, on_gpu))
     env.update(cycle_env({**(environ or {}), **env}, patched))
+    env.update(gloo_env(environ or {}, patches))
     if hc.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = f"{hc.cycle_time_ms:g}"
     if hc.stall_check_s >= 0:

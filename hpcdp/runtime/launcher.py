@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcdp.runtime.hvd_settings import YIELD_VAR, recommended_env
+from hpcdp.runtime.hvd_settings import GLOO_PAIR_VAR, GLOO_YIELD_VAR, YIELD_VAR, recommended_env
 
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 
@@ -72,7 +72,7 @@ def launch_command(
 
 #: hpcdp's runtime settings: what a plain run leaves to hpcdp's own rule.
 SETTINGS_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", YIELD_VAR, "HOROVOD_CYCLE_TIME",
-                 "HOROVOD_FUSION_THRESHOLD")
+                 "HOROVOD_FUSION_THRESHOLD", GLOO_PAIR_VAR, GLOO_YIELD_VAR)
 
 
 def rank_environment(extra: Mapping[str, str] | None = None, np: int = 2,

@@ -1,4 +1,9 @@
-"""Horovod itself is correct on this build, under each launcher we support."""
+"""Horovod itself is correct on this build, under each launcher we support.
+
+hvd_ops also runs the equivalence suite (workers/hvd_equivalence.py): the
+collectives against reference results, on 2 and 3 ranks, through MPI and Gloo.
+`make test-stock` runs this file on a stock Horovod build as well.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.parallel
 
 
-@pytest.mark.parametrize(("launcher", "np_"), [("mpirun", 2), ("horovodrun", 2),
+@pytest.mark.parametrize(("launcher", "np_"), [("mpirun", 2), ("mpirun", 3), ("horovodrun", 2),
                                                ("horovodrun-gloo", 2), ("horovodrun-gloo", 3)])
 def test_horovod_collectives(ranks, launcher: str, np_: int) -> None:
     run = ranks("hvd_ops", np=np_, launcher=launcher, timeout=180)
@@ -23,3 +28,10 @@ def test_grad_buckets_match_distributed_optimizer(ranks) -> None:
 def test_metric_sums_over_unequal_ranks(ranks, np_: int) -> None:
     run = ranks("metric_sums", np=np_, timeout=120)
     assert run.output.count("metric sums agree") == np_, run.describe()
+
+
+def test_two_rank_gloo_allreduce_same_bits_on_every_rank(ranks) -> None:
+    """NaN, +-0, +-inf and denormals in every op and dtype, both sides of the size
+    where hpcdp's Gloo build switches from one exchange to Gloo's ring."""
+    run = ranks("hvd_pair_bits", np=2, launcher="horovodrun-gloo", timeout=180)
+    assert run.output.count("all-reduces agree bit for bit") == 2, run.describe()

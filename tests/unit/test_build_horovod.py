@@ -51,9 +51,9 @@ def _tree(root: Path) -> Path:
     return src
 
 
-def _patch(src: Path, wheels: Path) -> subprocess.CompletedProcess[str]:
+def _patch(src: Path, wheels: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SRC": str(src), "PY": sys.executable, "WHEELDIR": str(wheels),
-           "GPU_OPS": "none"}
+           "GPU_OPS": "none", **extra}
     return subprocess.run(["bash", str(SCRIPT), "--patch-only"], env=env, capture_output=True,
                            text=True, timeout=120)
 
@@ -70,13 +70,29 @@ def test_patching_twice_goes_on(tmp_path: Path) -> None:
         assert operations.count("HOROVOD_WAKE_ON_ENQUEUE") == 1  # applied, and only once
         assert "WaitForQueuedWork" in operations
         pair = (src / "third_party/gloo/gloo/transport/tcp/pair.cc").read_text()
-        assert pair.count('"hpcdp-gloo-yield-when-busy"') == 1
+        assert pair.count('"hpcdp-gloo-yield-when-busy-2"') == 1
         assert pair.count("std::this_thread::yield();") == 1
+        assert pair.count('"HOROVOD_GLOO_YIELD_WHEN_BUSY"') == 1
         ops = (src / "horovod/common/ops/gloo_operations.cc").read_text()
-        assert ops.count('"hpcdp-gloo-pair-allreduce"') == 1
+        assert ops.count('"hpcdp-gloo-pair-allreduce-2"') == 1
         assert ops.count('#include "../gloo/pair_allreduce.h"') == 1
         header = (src / "horovod/common/gloo/pair_allreduce.h").read_text()
         assert header.count("// GLOO_PAIR_ALLREDUCE:") == 1  # created, not appended to
+        assert '"HOROVOD_GLOO_PAIR_ALLREDUCE"' in header
+
+
+def test_stock_applies_no_patch_and_refuses_a_patched_tree(tmp_path: Path) -> None:
+    src = _tree(tmp_path)
+    pristine = {p: p.read_text() for p in src.rglob("*.cc")}
+    done = _patch(src, tmp_path / "wheels", PATCHES="none")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "C++17 only (stock Horovod)" in done.stdout
+    assert (src / "CMakeLists.txt").read_text() == "set(CMAKE_CXX_STANDARD 17)\n"
+    assert {p: p.read_text() for p in src.rglob("*.cc")} == pristine
+    assert not (src / "horovod/common/gloo/pair_allreduce.h").exists()
+    assert _patch(src, tmp_path / "wheels").returncode == 0  # then hpcdp's patches go in
+    again = _patch(src, tmp_path / "wheels", PATCHES="none")
+    assert again.returncode != 0 and "already has hpcdp's patches" in again.stderr
 
 
 def test_refuses_another_release(tmp_path: Path) -> None:

@@ -64,7 +64,10 @@ def test_wake_text_and_patch_detection(tmp_path: Path) -> None:
     assert not hvd_settings.horovod_wakes(str(plain))
     assert not hvd_settings.horovod_wakes(str(tmp_path / "missing.so"))
     gloo = tmp_path / "gloo.so"
-    gloo.write_bytes(b"\0" * 4096 + b"hpcdp-gloo-pair-allreduce\0hpcdp-gloo-yield-when-busy\0")
+    gloo.write_bytes(b"\0" * 4096 + b"hpcdp-gloo-pair-allreduce-2\0hpcdp-gloo-yield-when-busy-2\0")
+    old = tmp_path / "recipe5.so"  # the marks of the builds before the switches
+    old.write_bytes(b"\0" * 4096 + b"hpcdp-gloo-pair-allreduce\0hpcdp-gloo-yield-when-busy\0")
+    assert hvd_settings.horovod_patches(str(old)) == frozenset()
     assert hvd_settings.horovod_patches(str(gloo)) == {"gloo-pair-allreduce",
                                                        "gloo-yield-when-busy"}
     assert hvd_settings.horovod_patches(str(patched)) == {"wake-on-enqueue"}

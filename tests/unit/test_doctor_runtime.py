@@ -42,3 +42,16 @@ def test_gloo_patches_are_reported() -> None:
     half = gloo_check(frozenset({"wake-on-enqueue", "gloo-pair-allreduce"}))
     assert half.status == WARN and "gloo-yield-when-busy patch" in half.detail
     assert "make setup" in gloo_check(frozenset()).detail
+
+
+def test_the_build_in_use_is_named() -> None:
+    from hpcdp.doctor import OK, build_check
+    from hpcdp.runtime.hvd_build import BuildIdentity
+
+    everything = frozenset({"wake-on-enqueue", "gloo-yield-when-busy", "gloo-pair-allreduce"})
+    patched = build_check(BuildIdentity("0.28.1", everything, frozenset()))
+    assert patched.status == OK and "hpcdp's patched build" in patched.detail
+    stock = build_check(BuildIdentity("0.28.1", frozenset(), frozenset()))
+    assert stock.detail.startswith("horovod 0.28.1 stock: stock Horovod")
+    assert "partly" in build_check(BuildIdentity("0.28.1", frozenset({"wake-on-enqueue"}),
+                                                 frozenset())).detail

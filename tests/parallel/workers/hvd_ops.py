@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import horovod.torch as hvd
+import hvd_equivalence  # beside this script
 import torch
 
 
@@ -139,6 +140,7 @@ def main() -> None:
     check_broadcast()
     check_broadcast_state()
     check_distributed_optimizer()
+    hvd_equivalence.run_all()
     hvd.join()
     print(f"rank {hvd.rank()}/{hvd.size()}: all Horovod checks passed", flush=True)
 
