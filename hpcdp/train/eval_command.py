@@ -33,6 +33,7 @@ from hpcdp import tasks
 from hpcdp.config import Config, ConfigError
 from hpcdp.runtime.crash import report_crashes
 from hpcdp.tasks import Task
+from hpcdp.train import accel
 from hpcdp.train import checkpoint_files as ckpt
 from hpcdp.train.trained import checkpoint_of, run_config
 
@@ -46,6 +47,7 @@ class EvalRun:
     device: torch.device
     model: torch.nn.Module
     val_reader: Any
+    channels_last: bool  # inputs in channels_last, as the model (training's layout rule)
 
 
 @dataclass
@@ -137,7 +139,14 @@ def build(req: Request, task: Task, rank: int, size: int, device: torch.device) 
     why = fit_error(task.name, got.spec, reader, req.file)
     if why:
         raise ConfigError(why)
-    return EvalRun(cfg, task, device, got.model.to(device), reader)
+    model = got.model.to(device)
+    # Training's layout and TF32 rules; no compilation: one pass is not worth tracing.
+    channels_last = accel.wants_channels_last(cfg.run.channels_last, accel.is_convnet(model),
+                                              device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    accel.set_tf32(cfg.run.tf32, device)
+    return EvalRun(cfg, task, device, model, reader, channels_last)
 
 
 def evaluate_on_ranks(req: Request) -> int:
