@@ -141,8 +141,10 @@ def test_settings_are_strings_and_overridable() -> None:
     # process from its CPUs (hvd_settings.plan_runtime).
     chosen_at_init = {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"}
     by_cpus = {hvd_settings.YIELD_VAR, "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+    # The switches of the Gloo patches this Horovod build has (none on a stock build).
+    by_build = set(hvd_settings.gloo_env({}, hvd_settings.horovod_patches()))
     assert set(hvd_settings.default_env()) <= chosen_at_init | by_cpus
-    assert set(hvd_settings.recommended_env()) <= by_cpus
+    assert set(hvd_settings.recommended_env()) <= by_cpus | by_build
 
 
 def test_fusion_threshold_by_device_and_backend() -> None:

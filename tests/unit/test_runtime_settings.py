@@ -144,10 +144,13 @@ def test_rethread_for_a_local_size_learnt_at_init() -> None:
 
 
 def test_recommended_env_for_launchers() -> None:
+    # The switches of the Gloo patches this Horovod build has (none on a stock build).
+    build = hvd_settings.gloo_env({}, hvd_settings.horovod_patches())
     two = hvd_settings.recommended_env(view=view(range(2)))
-    assert two == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", YIELD_VAR: "1"}
+    assert two == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", YIELD_VAR: "1", **build}
     wide = hvd_settings.recommended_env({"HOROVOD_CYCLE_TIME": 2}, ranks=4, view=view(range(64)))
-    assert wide == {"HOROVOD_CYCLE_TIME": "2", "OMP_NUM_THREADS": "16", "MKL_NUM_THREADS": "16"}
+    assert wide == {"HOROVOD_CYCLE_TIME": "2", "OMP_NUM_THREADS": "16", "MKL_NUM_THREADS": "16",
+                    **build}
 
 
 # --------------------------------------------------------------------------- local ranks
