@@ -100,6 +100,11 @@ class Job:
             time.sleep(0.2)
         pytest.fail(f"no {what} within {timeout:.0f}s\n{self.describe()}")
 
+    def wait_for_step(self, run_dir: Path, step: int, timeout: float = 180) -> None:
+        """Wait (bounded) until the run in `run_dir` has logged training step `step`."""
+        self.wait_for(f"training progress (step >= {step} in metrics.jsonl)",
+                      lambda: any(s >= step for s in logged_steps(run_dir)), timeout)
+
     def leftover_processes(self, timeout: float = 15.0) -> list[str]:
         """Processes still carrying this job's id in their environment, after `timeout`."""
         deadline = time.monotonic() + timeout
@@ -108,6 +113,23 @@ class Job:
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(0.3)
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    """The training steps `run_dir/metrics.jsonl` holds so far (a line being written is
+    skipped)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if record.get("kind") == "train":
+            steps.append(int(record["step"]))
+    return steps
 
 
 def processes_of_job(job_id: str) -> list[str]:

@@ -46,21 +46,6 @@ def submit(cluster: Cluster, where: Path, data: Path, env: dict[str, str] | None
     return cluster.job(done.stdout.strip(), where)
 
 
-def logged_steps(run: Path) -> list[int]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if record.get("kind") == "train":
-            steps.append(int(record["step"]))
-    return steps
-
-
 def node_state(cluster: Cluster, node: str) -> str:
     done = cluster.run("scontrol", "show", "node", "-o", node)
     m = re.search(r"\bState=(\S+)", done.stdout)
@@ -84,8 +69,7 @@ def test_range_job_requeued_onto_fewer_nodes_resumes_exactly(
     run = where / "run"
     job = submit(slurm_cluster, where, data, env=PAUSE_AT_11)
     try:
-        job.wait_for("training progress (step >= 10 in metrics.jsonl)",
-                     lambda: any(s >= 10 for s in logged_steps(run)), timeout=180)
+        job.wait_for_step(run, 10)
         assert job.info()["NodeList"] == "node[1-2]", job.describe()
         drained = slurm_cluster.run("scontrol", "update", "nodename=node2", "state=drain",
                                     "reason=test")

@@ -58,21 +58,6 @@ def final_model(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
     return step, ckpt.decode(ckpt.read_verified(path), str(path))["model"]
 
 
-def metrics_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if record.get("kind") == "train":
-            steps.append(int(record["step"]))
-    return steps
-
-
 @pytest.fixture(scope="module")
 def reference(slurm_cluster: Cluster, digits: tuple[Job, Path],
               tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Path]:
@@ -147,8 +132,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise(
     run = tmp_path / "run"
     job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, data),
                                cwd=tmp_path, env=PAUSE_AT_11)
-    job.wait_for("training progress (step >= 10 in metrics.jsonl)",
-                 lambda: any(s >= 10 for s in metrics_steps(run)), timeout=180)
+    job.wait_for_step(run, 10)
     signalled = slurm_cluster.run("scancel", "--signal=USR1", job.id)
     assert signalled.returncode == 0, signalled.stderr
     info = job.wait(timeout=240)
@@ -210,8 +194,7 @@ def test_cancelled_job_checkpoints_and_stays_cancelled(slurm_cluster: Cluster, d
     job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, data),
                                cwd=tmp_path,
                                env=PAUSE_AT_11)
-    job.wait_for("training progress (step >= 10 in metrics.jsonl)",
-                 lambda: any(s >= 10 for s in metrics_steps(run)), timeout=180)
+    job.wait_for_step(run, 10)
     cancelled = slurm_cluster.run("scancel", job.id)
     assert cancelled.returncode == 0, cancelled.stderr
     # The sbatch side: the batch shell outlives the ranks, which checkpoint in time.
