@@ -8,7 +8,7 @@ rank). Options: `python datasets/arrays.py --help`.
 
 import sys
 
-from hpcdp.data.prep import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["arrays", *sys.argv[1:]]))

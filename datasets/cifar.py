@@ -12,7 +12,7 @@ Options: `python datasets/cifar.py --help`; docs/data-images.md.
 
 import sys
 
-from hpcdp.data.prep import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["cifar", *sys.argv[1:]]))

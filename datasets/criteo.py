@@ -13,7 +13,7 @@ number of ranks. Options: `python datasets/criteo.py --help`.
 
 import sys
 
-from hpcdp.data.clicks.criteo_prep import main
+from hpcdp.data.prep.clicks.criteo_recipe import main
 
 if __name__ == "__main__":
     sys.exit(main())

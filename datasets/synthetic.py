@@ -9,7 +9,7 @@ rank). Options: `python datasets/synthetic.py --help`.
 
 import sys
 
-from hpcdp.data.prep import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["synthetic", *sys.argv[1:]]))

@@ -15,7 +15,8 @@ from hpcdp import __version__
 from hpcdp.runtime.crash import report_crashes
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "prep": ("hpcdp.data.prep", "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
+    "prep": ("hpcdp.data.prep.cli",
+             "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
     "train": ("hpcdp.train", "train a model data-parallel with Horovod"),
     "slurm": ("hpcdp.cluster.cli",
               "render or submit a Slurm batch script; sweeps, chains, job status"),

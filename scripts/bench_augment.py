@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from hpcdp.data.images.augment import augment
+from hpcdp.data.read.augment import augment
 
 SHAPES = ((32, 3, 32, 32), (128, 3, 32, 32), (64, 3, 224, 224))
 

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import torch
 
-from hpcdp.data.tokens.markov import conditional_entropy
+from hpcdp.data.prep.text.markov import conditional_entropy
 from hpcdp.export.generate import open_model
 from hpcdp.export.sample import generate
 

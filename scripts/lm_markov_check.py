@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens.reader import TokenReader
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.read.tokens import TokenReader
 from hpcdp.models import gpt
 
 

@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as torch_dist
     import torch.nn.functional as F
 
-    from hpcdp.data.reader import ShardedReader
+    from hpcdp.data.read.samples import ShardedReader
     from hpcdp.models.vision import build_model
 
     # The threads hpcdp's rule gives this many processes on these CPUs (`launch` sets
@@ -124,7 +124,7 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
     # torch in the rank only: `hpcdp bench train` imports this module to launch ranks.
     import torch
 
-    from hpcdp.data.tokens.reader import TokenReader
+    from hpcdp.data.read.tokens import TokenReader
     from hpcdp.models import gpt
 
     reader = TokenReader(Path(args.data) / "train.h5", seq_len=args.seq_len,
@@ -143,7 +143,7 @@ def bare(args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
 
-    from hpcdp.data.reader import ShardedReader
+    from hpcdp.data.read.samples import ShardedReader
     from hpcdp.models.vision import build_model
 
     rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

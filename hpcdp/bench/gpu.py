@@ -123,7 +123,7 @@ def prepare_data(root: Path, s: Shapes, steps: int, timeout: float) -> dict[str,
     write_tokens(paths["tokens"], windows, s.gpt_seq)
     paths["clicks"] = root / "clicks"
     rows = (steps + 2) * s.clicks_batch
-    cmd = [sys.executable, "-m", "hpcdp.data.clicks.prep", "--out", str(paths["clicks"]),
+    cmd = [sys.executable, "-m", "hpcdp.data.prep.clicks.recipe", "--out", str(paths["clicks"]),
            "--rows", str(rows), "--val-rows", "1024"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=common.pythonpath_env())

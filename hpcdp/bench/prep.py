@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in (1, 2):
                 out = Path(tmp) / f"np{n}"
                 report = Path(tmp) / f"report{n}.json"
-                argv_ = [sys.executable, "-m", "hpcdp.data.prep", "synthetic", "--samples",
+                argv_ = [sys.executable, "-m", "hpcdp.data.prep.cli", "synthetic", "--samples",
                          str(args.samples), "--shape", args.shape, "--out", str(out),
                          "--report", str(report)]
                 run = run_ranks(argv_, np=n, timeout=args.timeout)

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if path is None:
             # A process of its own: preparation applies hpcdp's runtime settings to its
             # environment, which must not reach the benchmarks this process runs next.
-            done = subprocess.run([sys.executable, "-m", "hpcdp.data.prep", "synthetic",
+            done = subprocess.run([sys.executable, "-m", "hpcdp.data.prep.cli", "synthetic",
                                    "--samples", str(args.samples), "--shape", args.shape,
                                    "--out", tmp], env=common.pythonpath_env())
             if done.returncode:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         # torch and h5py only once a file exists: --help and bad arguments answer at once.
         import psutil
 
-        from hpcdp.data.reader import ShardedReader
+        from hpcdp.data.read.samples import ShardedReader
 
         before = _memory(psutil.Process())
         reader = ShardedReader(path, batch_size=args.batch, seed=1, window_samples=args.window,

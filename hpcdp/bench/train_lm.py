@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.data.tokens import layout as tk
+from hpcdp.data.format import tokens as tk
 
 SHAPE = {"layers": 12, "heads": 12, "width": 768}
 SEQ_LEN = 1024

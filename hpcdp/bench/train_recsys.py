@@ -67,7 +67,7 @@ def prep_command(out: Path, tables: str, rows: int) -> list[str]:
     """The click log of `tables` size with `rows` training rows, written by one process."""
     if tables not in TABLES:
         raise ValueError(f"table size {tables!r}: choose one of {', '.join(TABLES)}")
-    return [sys.executable, "-m", "hpcdp.data.clicks.prep", "--out", str(out),
+    return [sys.executable, "-m", "hpcdp.data.prep.clicks.recipe", "--out", str(out),
             "--rows", str(rows), "--val-rows", str(VAL_ROWS), *TABLES[tables]]
 
 

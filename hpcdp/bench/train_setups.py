@@ -79,13 +79,13 @@ def prep_commands(key: str, out: Path, args: argparse.Namespace,
     """Commands that write the data `key` into `out`; None: written in this process."""
     py = sys.executable
     if key == "digits_cnn":
-        return [[py, "-m", "hpcdp.data.prep", "digits", "--out", str(out)]]
+        return [[py, "-m", "hpcdp.data.prep.cli", "digits", "--out", str(out)]]
     if key == "resnet18":
-        return [[py, "-m", "hpcdp.data.prep", "synthetic", "--samples", str(args.samples),
+        return [[py, "-m", "hpcdp.data.prep.cli", "synthetic", "--samples", str(args.samples),
                  "--val-samples", "256", "--shape", "3,32,32", "--dtype", "uint8",
                  "--classes", "10", "--out", str(out)]]
     if key == "gpt":  # the tiny GPT's demo corpus (tokens; sizes in docs/lm.md)
-        return [[py, "-m", "hpcdp.data.tokens.markov_prep", "--out", str(out)]]
+        return [[py, "-m", "hpcdp.data.prep.text.markov_recipe", "--out", str(out)]]
     if key.startswith("dlrm_"):
         rows = train_recsys.rows_needed(args.warmup + args.steps, batch, 2)
         return [train_recsys.prep_command(out, key.removeprefix("dlrm_"), rows)]

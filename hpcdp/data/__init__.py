@@ -1,11 +1,10 @@
-"""Sharded HDF5 data. The shared core: preparation (`prep`, `sources`; `prep_run` for what
-every recipe shares), the epoch layout (`partition`), the readers of fixed-shape samples
-(`reader`, `assemble`, `epochs` for what the shuffled readers share; `fields` for several
-row-aligned datasets; `slices` for evaluation) and `prefetch`. By what they serve:
-`tokens/` (token streams for language models), `clicks/` (click logs), `staging/`
-(node-local copies of the data).
+"""Sharded HDF5 data, by role: `format/` says what a prepared file holds (samples, tokens,
+clicks: names, dtypes, chunking, the checks a reader relies on); `prep/` writes such
+files from users' inputs under mpirun/srun (one frame, one subpackage per kind of input);
+`read/` reads them back in a world-size-independent order (`read.order`, pure), with
+readers, prefetch and augmentation; `staging/` copies them to node-local disks.
 
-Nothing is imported here, so `hpcdp prep` and `hpcdp.data.partition` load
-without PyTorch; import `hpcdp.data.reader` for `ShardedReader` and
-`hpcdp.data.tokens.reader` for `TokenReader`.
+Nothing is imported here, so `hpcdp prep` and `hpcdp.data.read.order` load without
+PyTorch; import `hpcdp.data.read.samples` for `ShardedReader` and
+`hpcdp.data.read.tokens` for `TokenReader`.
 """

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from hpcdp.data.images.decode import DecodeError, decode, fit
+from hpcdp.data.prep.images.decode import DecodeError, decode, fit
 from hpcdp.export import bundle
 from hpcdp.export.load import load
 
@@ -33,7 +33,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 def read_image(path: Path, size: int, channels: int) -> np.ndarray:
     """(channels, size, size) uint8 of an image file, as the training data holds images:
-    RGB images by the image-folder recipe's own rules (hpcdp.data.images.decode), grey
+    RGB images by the image-folder recipe's own rules (hpcdp.data.prep.images.decode), grey
     ones (the digits) by its fit alone after a conversion to grey."""
     if channels == 3:
         try:

@@ -30,7 +30,7 @@ Optional:
 
 - `readers(cfg, rank, size, batch, device)`: the task's own (training reader,
   validation batches) instead of the sharded image readers: a
-  `hpcdp.data.protocol.TrainingReader` (set_epoch, iteration, len,
+  `hpcdp.data.read.protocol.TrainingReader` (set_epoch, iteration, len,
   steps_per_epoch, state_dict/load_state_dict; `sample_shape` where it has one),
   built from `read_options(cfg, batch, rank, size)`, and a `ValidationReader`,
   iterable afresh for each validation, this rank's share of every sample once;
@@ -41,7 +41,7 @@ Optional:
 - `rates(cfg, model, samples_per_s, ranks, device)`: throughput figures beside
   samples/s over all `ranks` (tokens/s, MFU), for the log lines and summary.json;
 - `sample_keys(cfg)`: True when the training batches should also carry each
-  sample's (epoch, global index) as a last item (`hpcdp.data.keyed`), for
+  sample's (epoch, global index) as a last item (`hpcdp.data.read.sample_keys`), for
   augmentation keyed by the sample; validation batches never do.
 """
 
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpcdp.config import ConfigError, TaskSection, find_task
-from hpcdp.data.protocol import ReadOptions, TrainingReader, ValidationReader
+from hpcdp.data.read.protocol import ReadOptions, TrainingReader, ValidationReader
 
 if TYPE_CHECKING:
     import torch

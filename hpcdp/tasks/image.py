@@ -3,7 +3,7 @@
 Reads `image.x_name` (images, any numeric dtype, shaped (C, H, W)) and
 `image.y_name` (integer class labels). Integer images are divided by
 `image.scale`; training batches are then augmented when `image.augment` says
-so (keyed by run.seed, epoch and sample: `hpcdp.data.images.augment`), and
+so (keyed by run.seed, epoch and sample: `hpcdp.data.read.augment`), and
 every batch is normalised by `image.mean` / `image.std`, or with
 ``image.normalize = "file"`` by the per-channel mean and std the training file
 stores. Loss: cross entropy; metrics: loss and accuracy, both means over samples.
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_empty, not_negative
-from hpcdp.data.images.augment import augment
-from hpcdp.data.reader import ReaderError
+from hpcdp.data.read.augment import augment
+from hpcdp.data.read.samples import ReaderError
 from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
 

@@ -1,4 +1,4 @@
-"""Language modelling: a GPT (hpcdp.models.gpt) on token windows (hpcdp.data.tokens.layout).
+"""Language modelling: a GPT (hpcdp.models.gpt) on token windows (hpcdp.data.format.tokens).
 
 Reads `data.train_file` and `data.val_file` as token files: training through the
 TokenReader (shuffled windows of `lm.seq_len` + 1 tokens, equal steps, exact
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_negative
-from hpcdp.data.protocol import ReadOptions, TrainingReader
+from hpcdp.data.read.protocol import ReadOptions, TrainingReader
 from hpcdp.models import gpt
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for, read_options
 
@@ -70,7 +70,7 @@ def train_path(cfg: Config) -> Path:
 
 def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
     """The GPT for the training file's vocabulary (read from its attributes)."""
-    from hpcdp.data.tokens import layout as tk
+    from hpcdp.data.format import tokens as tk
 
     return gpt.GPT(gpt_config(cfg, tk.validate_tokens(train_path(cfg)).vocab_size))
 
@@ -91,7 +91,7 @@ class Validation:
 def readers(cfg: Config, rank: int, size: int, batch: int,
             device: torch.device) -> tuple[TrainingReader, Validation]:
     """TokenReaders for both splits; every check (validate_tokens) runs here, on every rank."""
-    from hpcdp.data.tokens.reader import TokenReader
+    from hpcdp.data.read.tokens import TokenReader
 
     sha = cfg.lm.tokenizer_sha256 or None
     root = Path(cfg.data.path)
@@ -99,7 +99,7 @@ def readers(cfg: Config, rank: int, size: int, batch: int,
                         seq_len=cfg.lm.seq_len, tokenizer_sha256=sha)
     val = validation_reader(cfg, root / cfg.data.val_file, rank, size, batch)
     if val.reader.vocab_size != train.vocab_size:
-        from hpcdp.data.tokens.reader import TokenReaderError
+        from hpcdp.data.read.tokens import TokenReaderError
 
         raise TokenReaderError(f"{val.reader.path}: vocabulary {val.reader.vocab_size}, but "
                                f"{train.path} has {train.vocab_size}")
@@ -108,7 +108,7 @@ def readers(cfg: Config, rank: int, size: int, batch: int,
 
 def validation_reader(cfg: Config, path: Path, rank: int, size: int, batch: int) -> Validation:
     """Every window of the token file `path` once over the ranks, val_batch_size at a time."""
-    from hpcdp.data.tokens.reader import TokenReader
+    from hpcdp.data.read.tokens import TokenReader
 
     # One window per rank at least (batch 1 here); validation batches are val_batch_size.
     val = TokenReader(path, ReadOptions(batch_size=1, rank=rank, world_size=size, prefetch=0),

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one
-from hpcdp.data.clicks.check import ClickSchema, check_rows, read_schema
-from hpcdp.data.reader import ReaderError
+from hpcdp.data.format.clicks import ClickSchema, check_rows, read_schema
+from hpcdp.data.read.samples import ReaderError
 from hpcdp.models.dlrm import ClickModel, loss_fn, split_params
 from hpcdp.runtime import sparse_grads as grads
 from hpcdp.tasks import Dataset, Metric, Task, optimizer_for

@@ -22,8 +22,8 @@ import h5py
 import numpy as np
 import torch
 
-from hpcdp.data.clicks.check import read_schema
-from hpcdp.data.fields import FieldReader
+from hpcdp.data.format.clicks import read_schema
+from hpcdp.data.read.multi_field import FieldReader
 from hpcdp.models.dlrm import DLRM, loss_fn, make_optimizers
 from hpcdp.tasks.auc import auc_logloss
 

@@ -103,7 +103,7 @@ def fit_error(task: str, spec: dict[str, Any], reader: Any, file: Path) -> str |
             return (f"{file}: vocabulary {vocab}, but the model has {spec['vocab_size']} "
                     "token ids")
     elif task == "recsys":
-        from hpcdp.data.clicks.check import read_schema
+        from hpcdp.data.format.clicks import read_schema
 
         tables = list(read_schema(str(file)).table_sizes)
         if tables != list(spec["table_sizes"]):

@@ -70,7 +70,7 @@ class MetricSums:
 def evaluate(run: Any) -> dict[str, Any]:
     """Collective (at the end only): the task's metrics over every validation sample once.
 
-    Ranks may read one batch more or less (hpcdp.data.slices), so nothing in the
+    Ranks may read one batch more or less (hpcdp.data.read.evaluation), so nothing in the
     batch loop may be a collective: the sums are reduced once after it.
     """
     watchdog.section("validation")

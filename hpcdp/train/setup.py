@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hpcdp.config import Config, ConfigError
-from hpcdp.data.protocol import TrainingReader, ValidationReader
+from hpcdp.data.read.protocol import TrainingReader, ValidationReader
 from hpcdp.runtime.grad_buckets import bucketed
 from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 from hpcdp.tasks import Dataset, Task, read_options
@@ -113,7 +113,7 @@ def check_runtime(cfg: Config, device: torch.device, size: int) -> None:
 
 def check_kinds(path: Path, wanted: list[Dataset]) -> None:
     """Each dataset the task reads has a dtype kind the task accepts."""
-    from hpcdp.data.reader import ReaderError, open_h5
+    from hpcdp.data.read.samples import ReaderError, open_h5
 
     with open_h5(str(path)) as f:
         for d in wanted:
@@ -127,8 +127,8 @@ def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank:
                     size: int, device: torch.device) -> TrainingReader:
     """The shuffled reader with equal steps on every rank: one or two datasets (samples,
     labels) through ShardedReader, more through FieldReader (the same order per field)."""
-    from hpcdp.data.fields import FieldReader
-    from hpcdp.data.reader import ShardedReader
+    from hpcdp.data.read.multi_field import FieldReader
+    from hpcdp.data.read.samples import ShardedReader
 
     options, pin = read_options(cfg, batch, rank, size), device.type == "cuda"
     if len(names) > 2:
@@ -139,8 +139,8 @@ def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank:
 
 def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
     """The first dataset's layout; `ReaderError` if the datasets cannot be read together."""
-    from hpcdp.data.fields import validate_fields
-    from hpcdp.data.reader import validate_dataset
+    from hpcdp.data.read.multi_field import validate_fields
+    from hpcdp.data.read.samples import validate_dataset
 
     if len(names) > 2:
         return validate_fields(str(path), names, min_samples)[0]
@@ -150,7 +150,7 @@ def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
 def readers(cfg: Config, task: Task, rank: int, size: int,
             device: torch.device) -> tuple[TrainingReader, ValidationReader, int]:
     """The training reader (shuffled, equal steps) and the validation reader (every sample)."""
-    from hpcdp.data.keyed import SampleKeys
+    from hpcdp.data.read.sample_keys import SampleKeys
 
     batch = per_rank_batch(cfg, size)
     accum = cfg.horovod.backward_passes_per_step
@@ -194,7 +194,7 @@ def validation_reader(cfg: Config, task: Task, path: Path, rank: int, size: int,
         if task.validation_reader is None:
             raise ConfigError(f"task {task.name!r} cannot read a validation file alone")
         return task.validation_reader(cfg, path, rank, size, batch)
-    from hpcdp.data.slices import SliceReader
+    from hpcdp.data.read.evaluation import SliceReader
 
     wanted = list(task.datasets(cfg))
     checked_layout(path, [d.name for d in wanted])

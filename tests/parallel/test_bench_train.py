@@ -101,7 +101,8 @@ def test_step_overhead_in_one_process(tmp_path: Path) -> None:
     from hpcdp.runtime.launcher import rank_environment
 
     data = tmp_path / "digits"
-    prep = subprocess.run([sys.executable, "-m", "hpcdp.data.prep", "digits", "--out", str(data)],
+    prep = subprocess.run([sys.executable, "-m", "hpcdp.data.prep.cli", "digits",
+                           "--out", str(data)],
                           capture_output=True, text=True, timeout=120, env=rank_environment())
     assert prep.returncode == 0, prep.stdout + prep.stderr
     done = subprocess.run(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpcdp.bench import main as bench_main
-from hpcdp.data.clicks import synth as clicks
+from hpcdp.data.prep.clicks import synth as clicks
 
 pytestmark = pytest.mark.parallel
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import markov as mk
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import markov as mk
 from hpcdp.train import checkpoint_files as ck
 
 # Each compiled run spends minutes compiling on two loaded cores: a bound well above it

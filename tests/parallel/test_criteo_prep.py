@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.clicks import criteo_prep
+from hpcdp.data.prep.clicks import criteo_recipe as criteo_prep
 
 pytestmark = pytest.mark.parallel
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcdp.data.clicks import criteo_prep
-from hpcdp.data.clicks import criteo_synth as cs
+from hpcdp.data.prep.clicks import criteo_recipe as criteo_prep
+from hpcdp.data.prep.clicks import criteo_synth as cs
 
 pytestmark = pytest.mark.parallel
 

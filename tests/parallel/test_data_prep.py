@@ -9,12 +9,12 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import prep
+from hpcdp.data.prep import cli as prep
 
 pytestmark = pytest.mark.parallel
 
 REPO = Path(__file__).resolve().parents[2]
-PREP = [sys.executable, "-m", "hpcdp.data.prep"]
+PREP = [sys.executable, "-m", "hpcdp.data.prep.cli"]
 
 
 def same_datasets(a: Path, b: Path) -> None:

@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import partition as pt
+from hpcdp.data.read import order as pt
 
 pytestmark = pytest.mark.parallel
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import markov as mk
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import markov as mk
 from hpcdp.export import load
 from hpcdp.export.command import export
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcdp.data import partition as pt
-from hpcdp.data.fields import FieldReader
+from hpcdp.data.read import order as pt
+from hpcdp.data.read.multi_field import FieldReader
 
 pytestmark = pytest.mark.parallel
 

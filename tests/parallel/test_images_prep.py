@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.images.prep import main
+from hpcdp.data.prep.images.recipe import main
 
 pytestmark = pytest.mark.parallel
 

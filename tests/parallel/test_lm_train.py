@@ -16,8 +16,8 @@ import h5py
 import pytest
 import torch
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import markov as mk
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import markov as mk
 from hpcdp.train import checkpoint_files as ck
 
 pytestmark = pytest.mark.parallel

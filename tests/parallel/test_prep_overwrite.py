@@ -8,11 +8,11 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcdp.data import prep
+from hpcdp.data.prep import cli as prep
 
 pytestmark = pytest.mark.parallel
 
-PREP = [sys.executable, "-m", "hpcdp.data.prep"]
+PREP = [sys.executable, "-m", "hpcdp.data.prep.cli"]
 
 
 def test_existing_dataset_is_kept_on_every_rank_unless_overwrite(ranks, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.tokens import text_prep
+from hpcdp.data.prep.text import recipe as text_prep
 
 pytestmark = pytest.mark.parallel
 pa = pytest.importorskip("pyarrow")

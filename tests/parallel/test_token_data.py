@@ -11,9 +11,10 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import markov_prep, text_prep
-from hpcdp.data.tokens.reader import TokenReader
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import markov_recipe as markov_prep
+from hpcdp.data.prep.text import recipe as text_prep
+from hpcdp.data.read.tokens import TokenReader
 
 pytestmark = pytest.mark.parallel
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp.data.images import augment as aug
+from hpcdp.data.read import augment as aug
 
 
 def keys(indices, epoch: int = 0) -> torch.Tensor:

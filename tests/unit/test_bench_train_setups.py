@@ -57,7 +57,7 @@ def test_overrides_the_shape_then_the_users_last(tmp_path: Path) -> None:
 
 
 def test_gpt2_corpus_holds_the_windows_asked_for(tmp_path: Path) -> None:
-    from hpcdp.data.tokens import layout as tk
+    from hpcdp.data.format import tokens as tk
 
     windows = train_lm.windows_needed(steps=5, batch=2, ranks=2)
     assert windows == 24

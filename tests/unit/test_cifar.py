@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import prep
-from hpcdp.data.images import cifar
-from hpcdp.data.sources import SourceError
+from hpcdp.data.prep import cli as prep
+from hpcdp.data.prep.arrays import SourceError
+from hpcdp.data.prep.images import cifar
 
 PER_BATCH = 12
 

@@ -9,9 +9,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.clicks import check as cc
-from hpcdp.data.clicks import prep as clicks_prep
-from hpcdp.data.reader import ReaderError
+from hpcdp.data.format import clicks as cc
+from hpcdp.data.prep.clicks import recipe as clicks_prep
+from hpcdp.data.read.samples import ReaderError
 
 ARGS = ["--rows", "3000", "--val-rows", "0", "--users", "50", "--items", "40",
         "--max-table", "500", "--seed", "2"]

@@ -7,7 +7,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from hpcdp.data.clicks import synth as ck
+from hpcdp.data.prep.clicks import synth as ck
 
 SMALL = ck.ClickSpec(rows=30_000, val_rows=20_000, seed=3, users=300, items=200, max_table=5000)
 

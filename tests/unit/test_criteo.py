@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcdp.data.clicks import criteo as cr
-from hpcdp.data.clicks import criteo_prep as cp
-from hpcdp.data.clicks.check import validate_click_file
+from hpcdp.data.format.clicks import validate_click_file
+from hpcdp.data.prep.clicks import criteo as cr
+from hpcdp.data.prep.clicks import criteo_recipe as cp
 
 
 def row(label: str = "1", counts: list[str] | None = None, cats: list[str] | None = None

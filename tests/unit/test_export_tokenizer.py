@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.data.tokens.tokenizer import train_bpe
+from hpcdp.data.prep.text.tokenizer import train_bpe
 from hpcdp.export import text
 from hpcdp.export.command import lm_tokenizer
 from hpcdp.train.checkpoint_files import CheckpointError

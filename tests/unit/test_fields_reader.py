@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import partition as pt
-from hpcdp.data.fields import FieldReader
-from hpcdp.data.reader import ReaderError
+from hpcdp.data.read import order as pt
+from hpcdp.data.read.multi_field import FieldReader
+from hpcdp.data.read.samples import ReaderError
 
 N, CHUNK = 1000, 16
 FIELDS = ("dense", "sparse", "label")

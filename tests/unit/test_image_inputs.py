@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hpcdp.config import ConfigError, build
-from hpcdp.data.reader import ReaderError
+from hpcdp.data.read.samples import ReaderError
 from hpcdp.tasks import image
 
 CPU = torch.device("cpu")

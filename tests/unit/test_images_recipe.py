@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from hpcdp.data.images import folder
-from hpcdp.data.images.decode import DecodeError, decode
-from hpcdp.data.images.prep import main
+from hpcdp.data.prep.images import folder
+from hpcdp.data.prep.images.decode import DecodeError, decode
+from hpcdp.data.prep.images.recipe import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.keyed import SampleKeys
-from hpcdp.data.reader import ShardedReader
+from hpcdp.data.read.sample_keys import SampleKeys
+from hpcdp.data.read.samples import ShardedReader
 
 N = 1000
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import markov as mk
-from hpcdp.data.tokens.reader import TokenReader
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import markov as mk
+from hpcdp.data.read.tokens import TokenReader
 from hpcdp.models import gpt
 
 

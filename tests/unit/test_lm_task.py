@@ -12,9 +12,9 @@ import torch
 from hpcdp import config as cfgmod
 from hpcdp import tasks
 from hpcdp.config import ConfigError
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import markov as mk
-from hpcdp.data.tokens.reader import TokenReaderError
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import markov as mk
+from hpcdp.data.read.tokens import TokenReaderError
 from hpcdp.models import gpt
 from hpcdp.tasks import lm
 from hpcdp.train.evaluate import MetricSums

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from hpcdp.data.tokens import markov as mk
+from hpcdp.data.prep.text import markov as mk
 
 
 def uniform_chain(symbols: int, end_prob: float) -> mk.MarkovChain:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from hpcdp.data import partition as pt
+from hpcdp.data.read import order as pt
 
 WORLD_SIZES = (1, 2, 3, 4, 8)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcdp.data import partition as pt
+from hpcdp.data.read import order as pt
 
 # ---- the order of ORDER_VERSION 2 never changes -------------------------------------------
 # A reader's resume state records ORDER_VERSION; a run resumed after an upgrade reads the

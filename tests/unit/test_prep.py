@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcdp.data import prep
-from hpcdp.data import sources as src
-from hpcdp.data.reader import ShardedReader
+from hpcdp.data.prep import arrays as src
+from hpcdp.data.prep import cli as prep
+from hpcdp.data.read.samples import ShardedReader
 
 
 @given(n=st.integers(1, 5000), chunk=st.integers(1, 300), size=st.integers(1, 9))

@@ -24,7 +24,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcdp.data import prep
+from hpcdp.data.prep import cli as prep
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, print_blob=True,

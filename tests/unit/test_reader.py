@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp.data import partition as pt
-from hpcdp.data.reader import ReaderError, ShardedReader
+from hpcdp.data.read import order as pt
+from hpcdp.data.read.samples import ReaderError, ShardedReader
 
 
 def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
@@ -268,7 +268,7 @@ def test_windows_not_aligned_with_steps(samples_file, tmp_path: Path, window: in
 
 
 def test_recycler_reuses_only_released_arrays() -> None:
-    from hpcdp.data.assemble import Recycler
+    from hpcdp.data.read.windows import Recycler
 
     pool = Recycler()
     shape, dtype = (4, 3), np.dtype(np.uint8)
@@ -286,7 +286,7 @@ def test_recycler_reuses_only_released_arrays() -> None:
 
 
 def test_assembler_read_ahead_thread_gives_the_same_batches(data: Path) -> None:
-    from hpcdp.data.assemble import Assembler, Plan, Recycler
+    from hpcdp.data.read.windows import Assembler, Plan, Recycler
 
     with h5py.File(data, "r") as f:
         plan = Plan(num_samples=1000, block=16, seed=3, epoch=1, stream_len=40, window=11,

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdp.data import partition as pt
-from hpcdp.data import reader as rd
-from hpcdp.data.reader import ReaderError, ShardedReader
+from hpcdp.data.format.samples import CONTIGUOUS_BLOCK_BYTES
+from hpcdp.data.read import order as pt
+from hpcdp.data.read import samples as rd
+from hpcdp.data.read.samples import ReaderError, ShardedReader
 
 
 def read_all(reader: ShardedReader, steps: int | None = None) -> np.ndarray:
@@ -239,7 +240,7 @@ def test_block_rows_follow_the_chunks_or_about_one_mib(tmp_path: Path) -> None:
         f.create_dataset("big", data=np.zeros((2, 600, 256)))  # unchunked, 1.2 MB samples
         f.create_dataset("y", data=np.zeros(10, np.int64))
     assert rd.validate_dataset(path, "one", None).block == 1
-    assert rd.validate_dataset(path, "bytes", None).block == rd.CONTIGUOUS_BLOCK_BYTES
+    assert rd.validate_dataset(path, "bytes", None).block == CONTIGUOUS_BLOCK_BYTES
     assert rd.validate_dataset(path, "big", None).block == 1
 
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.reader import ReaderError, ShardedReader, validate_dataset
+from hpcdp.data.read.samples import ReaderError, ShardedReader, validate_dataset
 
 
 def good(path: Path, n: int = 100) -> Path:

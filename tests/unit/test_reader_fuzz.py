@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcdp.data.reader import ReaderError, ShardedReader
+from hpcdp.data.read.samples import ReaderError, ShardedReader
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, print_blob=True)
 

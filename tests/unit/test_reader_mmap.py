@@ -9,9 +9,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import partition as pt
-from hpcdp.data.assemble import RowMap, locate_rows
-from hpcdp.data.reader import MMAP_ENV, ShardedReader
+from hpcdp.data.read import order as pt
+from hpcdp.data.read.samples import MMAP_ENV, ShardedReader
+from hpcdp.data.read.windows import RowMap, locate_rows
 
 
 def make_file(path: Path, n: int, shape: tuple[int, ...], chunk: int | None,
@@ -202,7 +202,7 @@ def test_file_truncated_under_the_mapping_dies_with_the_stack_named(tmp_path: Pa
     script = textwrap.dedent(f"""
         import os
         from hpcdp.runtime.crash import report_crashes
-        from hpcdp.data.reader import ShardedReader
+        from hpcdp.data.read.samples import ShardedReader
         report_crashes()
         r = ShardedReader({str(path)!r}, batch_size=64, seed=1)
         assert r.mapped
@@ -217,4 +217,4 @@ def test_file_truncated_under_the_mapping_dies_with_the_stack_named(tmp_path: Pa
                           timeout=120)
     assert proc.returncode == -signal.SIGBUS, proc.stderr
     assert "not reached" not in proc.stdout
-    assert "Bus error" in proc.stderr and "assemble.py" in proc.stderr, proc.stderr
+    assert "Bus error" in proc.stderr and "windows.py" in proc.stderr, proc.stderr

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from hpcdp import config as cfgmod
-from hpcdp.data.fields import FieldReader
-from hpcdp.data.protocol import ReadOptions, TrainingReader, ValidationReader
-from hpcdp.data.reader import ShardedReader
-from hpcdp.data.slices import SliceReader
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens.reader import TokenReader
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.read.evaluation import SliceReader
+from hpcdp.data.read.multi_field import FieldReader
+from hpcdp.data.read.protocol import ReadOptions, TrainingReader, ValidationReader
+from hpcdp.data.read.samples import ShardedReader
+from hpcdp.data.read.tokens import TokenReader
 from hpcdp.tasks import read_options
 from hpcdp.tasks.lm import Validation
 from hpcdp.train import setup

@@ -12,8 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data import partition as pt
-from hpcdp.data.reader import ReaderError, ShardedReader
+from hpcdp.data.read import order as pt
+from hpcdp.data.read.samples import ReaderError, ShardedReader
 
 N = 1000
 

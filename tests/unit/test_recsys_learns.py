@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.data.clicks import prep as clicks_prep
+from hpcdp.data.prep.clicks import recipe as clicks_prep
 from hpcdp.tasks.recsys_check import CheckOptions, run
 
 

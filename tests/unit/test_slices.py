@@ -1,4 +1,4 @@
-"""Evaluation reads every sample exactly once on any number of ranks (hpcdp.data.slices)."""
+"""Evaluation reads every sample exactly once on any number of ranks (data.read.evaluation)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcdp.data.slices import SliceReader, rank_rows
+from hpcdp.data.read.evaluation import SliceReader, rank_rows
 
 
 @given(st.integers(0, 5000), st.integers(1, 64))

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens import text_prep as tp
-from hpcdp.data.tokens.reader import TokenReader, TokenReaderError
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import recipe as tp
+from hpcdp.data.read.tokens import TokenReader, TokenReaderError
 
 
 def test_line_spans() -> None:

@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.tokens import documents as dc
-from hpcdp.data.tokens import text_prep as tp
-from hpcdp.data.tokens.writer import TokenPrepError
+from hpcdp.data.prep.text import documents as dc
+from hpcdp.data.prep.text import recipe as tp
+from hpcdp.data.prep.text.writer import TokenPrepError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

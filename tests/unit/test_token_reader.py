@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcdp.data.tokens import layout as tk
-from hpcdp.data.tokens.reader import (
+from hpcdp.data.format import tokens as tk
+from hpcdp.data.read.tokens import (
     TokenReader,
     TokenReaderError,
     eval_share,
@@ -148,7 +148,7 @@ def test_state_for_another_sequence_length_is_refused(tmp_path: Path) -> None:
 
 
 def test_state_checks_are_the_sample_readers_in_windows(tmp_path: Path) -> None:
-    """The resume checks shared with ShardedReader (hpcdp.data.epochs) speak of windows."""
+    """The resume checks shared with ShardedReader (hpcdp.data.read.epochs) speak of windows."""
     path = make_file(tmp_path / "t.h5", 3000)
     other = make_file(tmp_path / "u.h5", 2000)
     state = TokenReader(path, seq_len=10, batch_size=4).state_dict()

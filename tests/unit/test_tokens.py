@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.tokens import layout as tk
+from hpcdp.data.format import tokens as tk
 
 META = tk.TokenMeta(vocab_size=100, eod_id=99, tokenizer="test", tokenizer_sha256="ab" * 32)
 

@@ -14,8 +14,8 @@ import torch
 from mpi4py import MPI
 
 from hpcdp.config import build
-from hpcdp.data.keyed import SampleKeys
-from hpcdp.data.reader import ShardedReader
+from hpcdp.data.read.sample_keys import SampleKeys
+from hpcdp.data.read.samples import ShardedReader
 from hpcdp.tasks.image import prepare
 
 

@@ -10,8 +10,8 @@ import sys
 
 from mpi4py import MPI
 
-from hpcdp.data.clicks.check import validate_click_file
-from hpcdp.data.reader import ReaderError
+from hpcdp.data.format.clicks import validate_click_file
+from hpcdp.data.read.samples import ReaderError
 
 
 def main() -> int:

@@ -15,8 +15,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.data import partition as pt
-from hpcdp.data.reader import ReaderError, ShardedReader
+from hpcdp.data.read import order as pt
+from hpcdp.data.read.samples import ReaderError, ShardedReader
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.data.fields import FieldReader
+from hpcdp.data.read.multi_field import FieldReader
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import sys
 import horovod.torch as hvd
 import torch
 
-from hpcdp.data.clicks import synth as ck
+from hpcdp.data.prep.clicks import synth as ck
 from hpcdp.models.dlrm import DLRM, loss_fn, make_optimizers, split_params
 from hpcdp.runtime import sparse_grads as grads
 

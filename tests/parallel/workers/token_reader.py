@@ -14,7 +14,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.data.tokens.reader import TokenReader, TokenReaderError
+from hpcdp.data.read.tokens import TokenReader, TokenReaderError
 
 
 def main() -> int:

@@ -1,0 +1,113 @@
+"""The tokenizers a token file can be made with: byte-level, or a HuggingFace tokenizer.json.
+
+- ``bytes`` (the default): ids 0-255 are the bytes of the UTF-8 text, 256 ends a
+  document. Nothing to train or ship.
+- A byte-level BPE trained on the corpus with HuggingFace ``tokenizers``
+  (`train_bpe`), saved beside the data as tokenizer.json.
+- An existing tokenizer.json given by path (`load_json`).
+
+Nothing is downloaded. A file records its tokenizer's name and the SHA-256 of
+the tokenizer.json bytes, so a run can check it reads tokens with the vocabulary
+they were made with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcdp.data.format import tokens as tk
+
+DEFAULT_EOD = "<|endoftext|>"
+#: Documents encoded per call: the Rust side parallelises within a batch.
+ENCODE_BATCH = 1024
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be used: the message names the file or option."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """What preparation needs: a name, the vocabulary, the end id, a hash, and `encode`."""
+
+    name: str
+    vocab_size: int
+    eod_id: int
+    sha256: str
+    json: str | None = None  # the tokenizer.json text (None for bytes)
+    _hf: Any = None
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids followed by the end-of-document id."""
+        dtype = tk.token_dtype(self.vocab_size)
+        if self._hf is None:
+            return [np.append(np.frombuffer(t.encode(), np.uint8), self.eod_id).astype(dtype)
+                    for t in texts]
+        out: list[np.ndarray] = []
+        for a in range(0, len(texts), ENCODE_BATCH):
+            encs = self._hf.encode_batch(list(texts[a : a + ENCODE_BATCH]),
+                                         add_special_tokens=False)
+            out += [np.append(np.asarray(e.ids, np.int64), self.eod_id).astype(dtype)
+                    for e in encs]
+        return out
+
+
+def byte_level() -> Tokenizer:
+    return Tokenizer(tk.BYTES_TOKENIZER, tk.BYTES_VOCAB, tk.BYTES_EOD,
+                     tk.bytes_tokenizer_sha256())
+
+
+def from_json(text: str, name: str, eod_token: str = DEFAULT_EOD) -> Tokenizer:
+    """A tokenizer from tokenizer.json text; its end token must be in the vocabulary."""
+    try:
+        from tokenizers import Tokenizer as HF
+    except ImportError as exc:
+        raise TokenizerError("HuggingFace tokenizers is not installed (pip install "
+                             "tokenizers)") from exc
+    try:
+        hf = HF.from_str(text)
+    except Exception as exc:  # noqa: BLE001 - the library raises bare Exceptions
+        raise TokenizerError(f"{name}: not a usable tokenizer.json: {exc}") from exc
+    eod = hf.token_to_id(eod_token)
+    if eod is None:
+        raise TokenizerError(f"{name}: has no end-of-document token {eod_token!r} (see "
+                             "--eod-token)")
+    vocab = hf.get_vocab_size(with_added_tokens=True)
+    return Tokenizer(name, vocab, int(eod), hashlib.sha256(text.encode()).hexdigest(), text, hf)
+
+
+def load_json(path: str, eod_token: str = DEFAULT_EOD) -> Tokenizer:
+    """An existing tokenizer.json; its hash is that of the file's bytes."""
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:  # the bytes hashed as they are
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"--tokenizer {path}: cannot be read: {exc}") from exc
+    return from_json(text, "tokenizer.json", eod_token)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, eod_token: str = DEFAULT_EOD
+              ) -> Tokenizer:
+    """A byte-level BPE trained on `texts`: every byte is in its alphabet, so any text encodes."""
+    try:
+        from tokenizers import Tokenizer as HF
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+    except ImportError as exc:
+        raise TokenizerError("HuggingFace tokenizers is not installed (pip install "
+                             "tokenizers)") from exc
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + 1:
+        raise TokenizerError(
+            f"--vocab-size {vocab_size}: a byte-level BPE needs at least {len(alphabet) + 1}")
+    hf = HF(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eod_token],
+                                  initial_alphabet=alphabet, show_progress=False)
+    hf.train_from_iterator(texts, trainer=trainer)
+    return from_json(hf.to_str(), "tokenizer.json", eod_token)
