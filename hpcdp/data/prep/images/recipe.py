@@ -24,7 +24,7 @@ import numpy as np
 from hpcdp.cliargs import parse_args
 from hpcdp.data.prep.frame import PrepError, agree, check_world, say, world, write_or_abort
 from hpcdp.data.prep.images import folder
-from hpcdp.data.prep.images.decode import FITS
+from hpcdp.data.prep.images.decode import FITS, MAX_PIXELS
 from hpcdp.data.prep.images.stats import channel_stats
 from hpcdp.data.prep.images.write import (
     Share,
@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out files Pillow cannot decode (counted and listed) instead "
                         "of stopping")
     p.add_argument("--overwrite", action="store_true", help="replace train.h5/val.h5 in --out")
+    p.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
+                   help="an image declaring more pixels (width x height) is refused "
+                        f"undecoded (default {MAX_PIXELS:,}: 8192 x 8192)")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="read links that lead outside --root (refused by default)")
     return p
 
 
@@ -92,7 +97,9 @@ def check(args: argparse.Namespace, comm: Any) -> folder.Layout:
         raise PrepError(f"--size {args.size}: expected 1..4096 pixels")
     if not 0 <= args.seed < 2**63:
         raise PrepError(f"--seed must be in [0, 2**63), got {args.seed}")
-    layout = folder.scan(args.root, args.val_fraction, args.seed)
+    if args.max_pixels < 1:
+        raise PrepError(f"--max-pixels {args.max_pixels}: expected a positive count")
+    layout = folder.scan(args.root, args.val_fraction, args.seed, args.follow_symlinks)
     check_out(args.out, [f"{s}.h5" for s in layout.splits], args.overwrite)
     return layout
 
@@ -148,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:  # the first pass: decode this rank's share of every split
         shares = [check_share(name, rank_share(name, entries, comm.rank, comm.size),
-                              args.size, args.fit)
+                              args.size, args.fit, args.max_pixels)
                   for name, entries in layout.splits.items()]
     except (PrepError, OSError) as exc:
         error = str(exc)
@@ -168,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   std, params, len(bad), args.seed))
              for s in shares]
     written = write_or_abort(PROG, comm, lambda: [
-        write_split(args.out, share, meta, args.fit, comm) for share, meta in zip(shares, metas)])
+        write_split(args.out, share, meta, args.fit, comm, args.max_pixels)
+        for share, meta in zip(shares, metas)])
     if written is None:
         return 1
     if comm.rank == 0:

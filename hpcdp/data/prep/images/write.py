@@ -26,7 +26,7 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep.frame import allreduce, create_h5, exscan, mpio_write, replacing
-from hpcdp.data.prep.images.decode import DecodeError, decode
+from hpcdp.data.prep.images.decode import MAX_PIXELS, DecodeError, decode
 from hpcdp.data.prep.images.folder import Entry, byte_ranges
 from hpcdp.data.prep.images.stats import integer_sums
 
@@ -53,14 +53,15 @@ def rank_share(split: str, entries: Sequence[Entry], rank: int, size: int) -> li
     return list(entries[lo:hi])
 
 
-def check_share(split: str, entries: list[Entry], size: int, fit: str) -> Share:
+def check_share(split: str, entries: list[Entry], size: int, fit: str,
+                max_pixels: int = MAX_PIXELS) -> Share:
     """Decode every file of this rank's share (the first pass)."""
     share = Share(split, entries)
     keep = len(entries) * 3 * size * size <= KEEP_BYTES
     arrays = []
     for i, e in enumerate(entries):
         try:
-            arr = decode(e.path, size, fit)
+            arr = decode(e.path, size, fit, max_pixels=max_pixels)
         except DecodeError as exc:
             share.bad.append(str(exc))
             continue
@@ -107,8 +108,8 @@ def file_attrs(split: str, num_samples: int, size: int, classes: list[str],
     }
 
 
-def _slabs(share: Share, size: int, fit: str, rows: int) -> Iterator[tuple[np.ndarray,
-                                                                           np.ndarray]]:
+def _slabs(share: Share, size: int, fit: str, rows: int,
+           max_pixels: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """This rank's good images and labels, `rows` at a time (decoded again if not kept)."""
     good = share.good
     for a in range(0, len(good), rows):
@@ -116,12 +117,14 @@ def _slabs(share: Share, size: int, fit: str, rows: int) -> Iterator[tuple[np.nd
         if share.kept is not None:
             x = share.kept[a : a + len(idx)]
         else:
-            x = np.stack([decode(share.entries[i].path, size, fit) for i in idx])
+            x = np.stack([decode(share.entries[i].path, size, fit, max_pixels=max_pixels)
+                          for i in idx])
         y = np.asarray([share.entries[i].label for i in idx], np.int64)
         yield x, y
 
 
-def write_split(out_dir: str, share: Share, meta: SplitFile, fit: str, comm: Any) -> str:
+def write_split(out_dir: str, share: Share, meta: SplitFile, fit: str, comm: Any,
+                max_pixels: int = MAX_PIXELS) -> str:
     """Collective: ``out_dir/NAME.h5`` from every rank's share, via a temporary name."""
     final = os.path.join(out_dir, f"{meta.name}.h5")
     n, s = meta.num_samples, meta.size
@@ -138,7 +141,7 @@ def write_split(out_dir: str, share: Share, meta: SplitFile, fit: str, comm: Any
         for key, value in meta.attrs.items():
             f.attrs[key] = value
         at = first
-        slabs = _slabs(share, s, fit, slab)
+        slabs = _slabs(share, s, fit, slab, max_pixels)
         for _ in range(rounds):
             xs, ys = next(slabs, (np.zeros((0, 3, s, s), np.uint8), np.zeros(0, np.int64)))
             if comm.size == 1:
