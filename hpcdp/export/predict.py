@@ -1,6 +1,9 @@
 """`hpcdp predict EXPORT_DIR FILES...`: the top classes of image files under an image model.
 
-Each file is decoded with Pillow and made what training saw: `resize_center_crop`
+Each file is opened by the image recipe's rules (hpcdp.data.prep.images.decode: a
+regular file, JPEG, PNG, BMP or WebP by name and content, at most --max-pixels
+pixels; anything else is refused naming the file, exit status 2), decoded with
+Pillow and made what training saw: `resize_center_crop`
 (the shorter side resized to S, then the centred S x S square; S is the export's
 image size), RGB or greyscale as the model's channels, integers divided by the
 scale and normalised by the mean and std config.json records. Images go through
@@ -21,33 +24,31 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
 
-from hpcdp.data.prep.images.decode import DecodeError, decode, fit
+from hpcdp.data.prep.images.decode import (
+    EXTENSIONS,
+    MAX_PIXELS,
+    DecodeError,
+    decode,
+    decode_grey,
+    shown,
+)
 from hpcdp.export import bundle
 from hpcdp.export.load import load
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
-                  ".pgm")
 
-
-def read_image(path: Path, size: int, channels: int) -> np.ndarray:
+def read_image(path: Path, size: int, channels: int, max_pixels: int = MAX_PIXELS
+               ) -> np.ndarray:
     """(channels, size, size) uint8 of an image file, as the training data holds images:
     RGB images by the image-folder recipe's own rules (hpcdp.data.prep.images.decode), grey
-    ones (the digits) by its fit alone after a conversion to grey."""
-    if channels == 3:
-        try:
-            return decode(str(path), size, "crop")
-        except DecodeError as e:
-            raise bundle.ExportError(str(e)) from None
-    if channels != 1:
+    ones (the digits) by the same checks and fit after a conversion to grey."""
+    if channels not in (1, 3):
         raise bundle.ExportError(f"the model takes {channels} channels: images need 1 or 3")
+    read = decode if channels == 3 else decode_grey
     try:
-        with Image.open(path) as img:
-            grey = fit(ImageOps.exif_transpose(img).convert("L"), size, "crop")
-            return np.asarray(grey, dtype=np.uint8)[None]
-    except (OSError, ValueError) as e:  # Pillow's UnidentifiedImageError is an OSError
-        raise bundle.ExportError(f"{path}: cannot be read as an image: {e}") from None
+        return read(str(path), size, "crop", max_pixels=max_pixels)
+    except DecodeError as e:
+        raise bundle.ExportError(str(e)) from None
 
 
 def normalise(batch: np.ndarray, schema: dict[str, Any]) -> torch.Tensor:
@@ -63,7 +64,7 @@ def image_files(paths: Sequence[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            out += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+            out += sorted(f for f in p.rglob("*") if f.suffix.lower() in EXTENSIONS)
         else:
             out.append(p)
     return out
@@ -75,7 +76,7 @@ def batches(files: list[Path], size: int) -> Iterator[list[Path]]:
 
 
 def predict(net: torch.nn.Module, config: dict[str, Any], files: list[Path], top: int,
-            batch: int = 64) -> list[dict[str, Any]]:
+            batch: int = 64, max_pixels: int = MAX_PIXELS) -> list[dict[str, Any]]:
     """Per file: {"file", "top": [{"class", "name", "p"}, ...]} (likeliest first)."""
     schema = config["input"]
     size, channels = schema.get("image_size"), schema["channels"]
@@ -86,12 +87,13 @@ def predict(net: torch.nn.Module, config: dict[str, Any], files: list[Path], top
     device = next(net.parameters()).device
     results = []
     for group in batches(files, batch):
-        x = normalise(np.stack([read_image(f, size, channels) for f in group]), schema)
+        x = normalise(np.stack([read_image(f, size, channels, max_pixels) for f in group]),
+                      schema)
         with torch.no_grad():
             probs = torch.softmax(net(x.to(device)).float(), dim=1).cpu()
         p, idx = probs.topk(min(top, probs.shape[1]), dim=1)
         for f, ps, ids in zip(group, p.tolist(), idx.tolist()):
-            results.append({"file": str(f), "top": [
+            results.append({"file": shown(str(f)), "top": [
                 {"class": c, "name": names[c], "p": q} for c, q in zip(ids, ps)]})
     return results
 
@@ -107,9 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64, help="images per forward pass")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
+                   help="an image declaring more pixels (width x height) is refused "
+                        f"undecoded (default {MAX_PIXELS:,}: 8192 x 8192)")
     from hpcdp.cliargs import parse_args
 
     args = parse_args(p, argv)
+    if args.max_pixels < 1:
+        p.error(f"--max-pixels {args.max_pixels}: expected a positive count")
     try:
         net, config = load(args.export, args.device)
         if config["task"] != "image":
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         files = image_files(args.files)
         if not files:
             raise bundle.ExportError("no image files found")
-        results = predict(net, config, files, args.top, args.batch)
+        results = predict(net, config, files, args.top, args.batch, args.max_pixels)
     except (bundle.ExportError, OSError) as e:
         print(f"hpcdp predict: error: {e}", file=sys.stderr)
         return 2

@@ -66,7 +66,7 @@ def test_a_file_that_is_no_image_is_named(export_dir: Path, tmp_path: Path, caps
     bad = tmp_path / "notes.png"
     bad.write_text("not an image")
     assert main([str(export_dir), str(bad)]) == 2
-    assert "notes.png: cannot be read as an image" in capsys.readouterr().err
+    assert "notes.png: cannot decode as PNG" in capsys.readouterr().err
 
 
 def test_the_image_recipes_class_names_and_per_channel_statistics() -> None:

@@ -129,7 +129,7 @@ def check_content(head: bytes, name: str) -> str:
     if got != want:
         held = f"{got} data" if got else "no JPEG, PNG, BMP or WebP data"
         raise DecodeError(f"{shown(name)}: cannot decode as {want}, the format its name "
-                          f"says: it holds {held} (refused unopened)")
+                          f"says: it holds {held}, so no decoder is tried")
     return want
 
 
