@@ -2,10 +2,17 @@
 
 Imports torch, safetensors and hpcdp.models only: the model can be used where
 Horovod, MPI and HDF5 are not installed.
+
+The order bounds what a crafted folder can cost: config.json (size-capped) and the
+weights file's size and hash first; then the weights' header against the model
+config.json describes, built on the ``meta`` device (shapes without memory), so
+that a small file cannot make a large model be allocated; only then are the
+tensors read and the real model built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,55 @@ def model_from(config: dict[str, Any], tensors: dict[str, torch.Tensor], source:
     return net.eval()
 
 
+def _check_counts(spec: Mapping[str, Any], tensors: int, where: str) -> None:
+    """A spec cannot ask for more layers or tables than the weights hold tensors (what
+    building even a shapes-only model costs grows with those counts)."""
+    for key, value in spec.items():
+        count = len(value) if isinstance(value, list) else value if key == "layers" else None
+        if isinstance(count, int) and count > tensors:
+            raise bundle.ExportError(f"{where}: model {key} {count if key == 'layers' else '[...]'}"
+                                     f" asks for more parts than the weights' {tensors} tensors")
+
+
+def planned(spec: Mapping[str, Any], tensors: int, where: str
+            ) -> tuple[dict[str, tuple[str, tuple[int, ...]]], set[str]]:
+    """({state key: (safetensors dtype, shape)}, the keys stored once) of the model `spec`
+    describes, from a shapes-only build: nothing is allocated."""
+    _check_counts(spec, tensors, where)
+    try:
+        with torch.device("meta"):
+            net = specs.build(spec)
+    except (specs.SpecError, RuntimeError, TypeError, ValueError, OverflowError) as e:
+        raise bundle.ExportError(f"{where}: its model {dict(spec)} cannot be built: "
+                                 f"{e}") from None
+    state = net.state_dict(keep_vars=True)
+    own, seen = set(), set()
+    for key, t in state.items():  # tied tensors are one object: stored under its first key
+        if id(t) not in seen:
+            seen.add(id(t))
+            own.add(key)
+    shapes = {k: (bundle.DTYPES.get(t.dtype, str(t.dtype)), tuple(t.shape))
+              for k, t in state.items()}
+    return shapes, own
+
+
+def check_header(path: Path, config: Mapping[str, Any]) -> None:
+    """The weights file's tensors are the ones config.json's model holds, by name, dtype
+    and shape; `ExportError` naming the weights file and config.json otherwise."""
+    header = bundle.read_header(path)
+    where = str(path.with_name(bundle.CONFIG))
+    shapes, own = planned(config["model"], len(header), where)
+    missing, extra = sorted(own - set(header)), sorted(set(header) - set(shapes))
+    if missing or extra:
+        raise bundle.ExportError(f"{path}: the weights do not fit the model {where} describes: "
+                                 f"missing {missing[:3]}, unexpected {extra[:3]}")
+    for key, (dtype, shape) in header.items():
+        if (dtype, shape) != shapes[key]:
+            want_dtype, want_shape = shapes[key]
+            raise bundle.ExportError(f"{path}: {key} is {dtype} {list(shape)} there, but the "
+                                     f"model needs {want_dtype} {list(want_shape)} by {where}")
+
+
 def load(folder: str | Path, device: str | torch.device = "cpu"
          ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode on `device`, config.json as a dict) of an export folder.
@@ -36,6 +92,9 @@ def load(folder: str | Path, device: str | torch.device = "cpu"
     """
     folder = Path(folder)
     config = bundle.read_config(folder)
+    path = bundle.weights_path(folder, config)
+    bundle.check_file(path, config["weights"], "weights")
+    check_header(path, config)
     tensors = bundle.read_tensors(folder, config)
-    net = model_from(config, tensors, str(folder / bundle.WEIGHTS))
+    net = model_from(config, tensors, str(path))
     return net.to(device), config
