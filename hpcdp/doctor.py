@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
+import itertools
 import os
 import shutil
 import socket
@@ -64,14 +66,54 @@ def launcher_rank(env: Mapping[str, str]) -> int | None:
     return None
 
 
+#: The oldest versions under which hpcdp's guarantees hold (pyproject.toml's floors), and
+#: what fails below them.
+FLOORS = {
+    "pytorch": ((2, 6), "below 2.6, torch.load(weights_only=True) can be made to run code "
+                        "(CVE-2025-32434): checkpoints are not safe to load"),
+    "pillow": ((12, 3), "older Pillow has image-decoder vulnerabilities fixed up to 12.3: "
+                        "image preparation and hpcdp predict are not safe on untrusted files"),
+}
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version ("2.13.0+cpu" -> (2, 13, 0))."""
+    out = []
+    for part in text.split("+")[0].split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) < len(part):  # "0rc1", "0a2": the rest is a pre-release tag
+            break
+    return tuple(out)
+
+
+def floor_check(name: str, version: str, detail: str) -> Check:
+    """OK when `version` of `name` is at least its floor (`FLOORS`), else FAIL saying why."""
+    floor, why = FLOORS[name]
+    if version_tuple(version) >= floor:
+        return Check(OK, name, detail)
+    need = ".".join(map(str, floor))
+    return Check(FAIL, name, f"{version} is below {need}: {why}; install {name} >= {need}")
+
+
+def check_pillow() -> list[Check]:
+    try:
+        version = importlib.metadata.version("pillow")
+    except importlib.metadata.PackageNotFoundError:
+        return [Check(WARN, "pillow", "not installed: image preparation and hpcdp predict "
+                                      "need it")]
+    return [floor_check("pillow", version, version)]
+
+
 def check_torch() -> list[Check]:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - report any import failure
         return [Check(FAIL, "pytorch", f"cannot import torch: {exc}")]
-    checks = [
-        Check(OK, "pytorch", f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
-    ]
+    checks = [floor_check("pytorch", torch.__version__,
+                          f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")]
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         checks.append(Check(OK, "gpus", f"{len(names)} visible: {', '.join(names)}"))
@@ -272,8 +314,8 @@ def check_srun_mpi(timeout: float = 20.0) -> list[Check]:
 
 
 def stack_checks() -> list[Check]:
-    return (check_torch() + check_horovod() + check_mpi() + check_hdf5() + check_slurm()
-            + check_srun_mpi())
+    return (check_torch() + check_pillow() + check_horovod() + check_mpi() + check_hdf5()
+            + check_slurm() + check_srun_mpi())
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Markov demo's symbols). Sampling: hpcdp.export.sample.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -70,7 +71,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="accept a checkpoint or folder that your group can write")
     from hpcdp.cliargs import parse_args
 
-    return parse_args(p, argv)
+    args = parse_args(p, argv)
+    problem = option_problem(args.temperature, args.tokens, args.top_k)
+    if problem:
+        p.error(problem)
+    return args
+
+
+def option_problem(temperature: float, tokens: int, top_k: int) -> str | None:
+    """What is wrong with the sampling options, before any model is read (None: nothing)."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        return f"--temperature {temperature}: expected a finite number >= 0 (0: greedy)"
+    if tokens < 0:
+        return f"--tokens {tokens}: expected a count >= 0"
+    if top_k < 0:
+        return f"--top-k {top_k}: expected a count >= 0 (0: all tokens)"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ uncached sampling compute the same function (tests/unit/test_sampling.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,8 +33,8 @@ def pick(logits: torch.Tensor, temperature: float, top_k: int,
          generator: torch.Generator) -> int:
     """One token id from a row of logits: greedy at temperature 0, else sampled from
     softmax(logits / temperature) over the `top_k` largest (0: all)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):  # nan fails every comparison
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if temperature == 0:
         return int(logits.argmax())
     scaled = logits.double() / temperature
