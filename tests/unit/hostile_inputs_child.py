@@ -1,0 +1,82 @@
+"""Runs commands on hostile inputs in one process, each under a time limit: the child of
+test_hostile_images.py, started under a memory cap (RLIMIT_AS).
+
+    python hostile_inputs_child.py CASES.json RESULTS.json
+
+CASES.json: [{"name", "command": "prep" | "predict" | "generate", "argv": [...]}, ...].
+Each command's main() runs with stdout and stderr as strict UTF-8 streams (a name that
+cannot be printed fails the case, as it would fail a strict terminal), under
+`signal.alarm` (a case that hangs, e.g. opening a FIFO, ends as "timeout"). RESULTS.json
+gets per case: rc (the exit status, or None), out, err, error (an escaped exception),
+seconds and the process's peak RSS so far in MiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import resource
+import signal
+import sys
+import time
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Timeout
+
+
+def commands():
+    from hpcdp.data.prep.images.recipe import main as prep
+    from hpcdp.export.generate import main as generate
+    from hpcdp.export.predict import main as predict
+
+    return {"prep": prep, "predict": predict, "generate": generate}
+
+
+def run(main, argv, seconds):
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+                for _ in range(2))
+    rc, error = None, None
+    start = time.perf_counter()
+    signal.alarm(seconds)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    except Timeout:
+        error = "timeout"
+    except BaseException as e:  # noqa: BLE001 - the case's outcome, whatever it is
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        signal.alarm(0)
+    texts = []
+    for stream in (out, err):
+        with contextlib.suppress(Exception):
+            stream.flush()
+        texts.append(stream.buffer.getvalue().decode("utf-8", "backslashreplace"))
+    return {"rc": rc, "out": texts[0], "err": texts[1], "error": error,
+            "seconds": time.perf_counter() - start,
+            "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    seconds = int(sys.argv[3]) if len(sys.argv) > 3 else 30
+    signal.signal(signal.SIGALRM, _alarm)
+    mains = commands()
+    results = {"imported_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    for case in cases:
+        results[case["name"]] = run(mains[case["command"]], case["argv"], seconds)
+        with open(sys.argv[2], "w") as f:  # written as it goes: a killed child leaves some
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
