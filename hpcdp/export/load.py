@@ -17,9 +17,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from hpcdp.export import bundle
 from hpcdp.models import spec as specs
+
+_T = torch.Tensor
+#: Value fills a shapes-only build skips: they change no shape, and on the meta device some
+#: run through Python decompositions whose first use imports torch._dynamo (~4 s).
+_FILLS = frozenset({getattr(torch.nn.init, n) for n in dir(torch.nn.init)
+                    if n.endswith("_") and not n.startswith("_")}
+                   | {_T.normal_, _T.uniform_, _T.erfinv_, _T.exponential_, _T.random_,
+                      _T.bernoulli_, _T.log_normal_, _T.cauchy_, _T.geometric_})
+#: Small index helpers computed on the CPU in a shapes-only build, for the same reason
+#: (their sizes follow the table counts `_check_counts` bounds).
+_ON_CPU = frozenset({torch.tril_indices, torch.triu_indices})
+
+
+class _ShapesOnly(TorchFunctionMode):
+    """Inside ``torch.device("meta")``: the module's tensors get shapes and dtypes only."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FILLS:
+            return args[0] if args else kwargs["tensor"]
+        if func in _ON_CPU:
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
 
 
 def model_from(config: dict[str, Any], tensors: dict[str, torch.Tensor], source: str
@@ -49,7 +73,7 @@ def planned(spec: Mapping[str, Any], tensors: int, where: str
     describes, from a shapes-only build: nothing is allocated."""
     _check_counts(spec, tensors, where)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _ShapesOnly():
             net = specs.build(spec)
     except (specs.SpecError, RuntimeError, TypeError, ValueError, OverflowError) as e:
         raise bundle.ExportError(f"{where}: its model {dict(spec)} cannot be built: "
