@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -96,3 +97,26 @@ def test_existing_output_is_refused_by_every_rank_without_overwrite(ranks, tmp_p
     assert sorted(p.name for p in out.iterdir()) == ["train.h5"]
     with h5py.File(out / "train.h5") as f:
         assert f["x"].shape == (6, 3, 10, 10)
+
+
+def test_a_fifo_and_an_eps_named_jpg_are_refused_by_every_rank_unopened(ranks, tmp_path: Path):
+    make_folder(tmp_path / "in", per_class=4, classes=2)
+    os.mkfifo(tmp_path / "in" / "disc" / "fifo.jpg")  # an open would wait forever
+    (tmp_path / "in" / "square" / "photo.jpg").write_bytes(
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n")
+    gs = tmp_path / "bin" / "gs"
+    gs.parent.mkdir()
+    gs.write_text(f"#!/bin/sh\ntouch {tmp_path / 'gs-ran'}\nexit 1\n")
+    gs.chmod(0o755)
+    out = tmp_path / "out"
+    run = ranks(RECIPE, "--root", str(tmp_path / "in"), "--out", str(out), "--size", "8",
+                np=2, timeout=60, expect_ok=False,
+                env={"PATH": f"{gs.parent}:{os.environ['PATH']}"})
+    assert not run.timed_out and run.returncode == 2, run.describe()
+    for rank in (0, 1):
+        assert f"[rank {rank}] datasets/images.py: error: 2 file(s) cannot be decoded" in \
+            run.output, run.describe()
+    assert "fifo.jpg: a FIFO, not a regular file" in run.output
+    assert "photo.jpg: cannot decode as JPEG, the format its name says: it holds EPS" in \
+        run.output
+    assert not out.exists() and not (tmp_path / "gs-ran").exists()
