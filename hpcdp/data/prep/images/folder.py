@@ -84,9 +84,10 @@ class _Scan:
         if len(self.examples) < 10:
             self.examples.append(shown(path) + (f" ({why})" if why else ""))
 
-    def leaves_root(self, path: str) -> bool:
-        """Whether `path` is a link whose target lies outside the root (then recorded)."""
-        if not os.path.islink(path) or self.follow:
+    def leaves_root(self, path: str, is_link: bool | None = None) -> bool:
+        """Whether `path` is a link whose target lies outside the root (then recorded);
+        `is_link` when known (a directory entry's type: no extra system call per file)."""
+        if self.follow or not (os.path.islink(path) if is_link is None else is_link):
             return False
         target = os.path.realpath(path)
         if os.path.commonpath([target, self.root]) == self.root:
@@ -111,7 +112,8 @@ def _class_folders(folder: str, scan: _Scan) -> list[str]:
     """Sorted names of the visible subfolders of `folder` (links out of the root left out
     and recorded in `scan`)."""
     return [e.name for e in _listing(folder)
-            if not e.name.startswith(".") and e.is_dir() and not scan.leaves_root(e.path)]
+            if not e.name.startswith(".") and e.is_dir()
+            and not scan.leaves_root(e.path, e.is_symlink())]
 
 
 def _class_files(folder: str, scan: _Scan) -> list[str]:
@@ -120,7 +122,7 @@ def _class_files(folder: str, scan: _Scan) -> list[str]:
     for e in _listing(folder):
         if e.name.startswith("."):
             scan.skip(e.path, True)
-        elif scan.leaves_root(e.path):
+        elif scan.leaves_root(e.path, e.is_symlink()):
             continue
         elif e.is_symlink() and not os.path.exists(e.path):
             scan.skip(e.path, False, "a broken link")
