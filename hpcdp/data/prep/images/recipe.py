@@ -152,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _failed(comm, error):
         return 2
     assert layout is not None
+    if comm.rank == 0:  # what the scan left out, before anything is decoded or written
+        _scanned(layout)
     start = time.perf_counter()
     try:  # the first pass: decode this rank's share of every split
         shares = [check_share(name, rank_share(name, entries, comm.rank, comm.size),
@@ -193,16 +195,22 @@ def _failed(comm: Any, error: str | None) -> bool:
     return bool(error)
 
 
+def _scanned(layout: folder.Layout) -> None:
+    skipped = layout.skipped_hidden + layout.skipped_other
+    listed = "".join(f"\n  {x}" for x in layout.skipped_examples)
+    more = (f"\n  ... and {skipped - len(layout.skipped_examples)} more"
+            if skipped > len(layout.skipped_examples) else "")
+    print(f"{PROG}: {len(layout.classes)} classes; skipped {layout.skipped_hidden} hidden "
+          f"and {layout.skipped_other} other file(s){':' if skipped else ''}{listed}{more}",
+          flush=True)
+
+
 def _summary(layout: folder.Layout, metas: list[SplitFile], written: list[str],
              bad: list[str], mean: list[float], std: list[float], ranks: int,
              seconds: float) -> None:
     for path, meta in zip(written, metas):
         print(f"{PROG}: wrote {path}: {meta.num_samples} images of 3x{meta.size}x{meta.size}",
               flush=True)
-    print(f"{PROG}: {len(layout.classes)} classes; skipped {layout.skipped_hidden} hidden "
-          f"and {layout.skipped_other} other file(s)"
-          + (f" (e.g. {', '.join(layout.skipped_examples[:3])})"
-             if layout.skipped_examples else ""), flush=True)
     if bad:
         print(f"{PROG}: --skip-bad left out {_bad_message(bad)}", flush=True)
     print(f"{PROG}: training mean {[round(m, 4) for m in mean]}, std "
