@@ -27,6 +27,8 @@ from PIL import Image
 from hpcdp.export import bundle
 from hpcdp.models import spec as specs
 
+pytestmark = pytest.mark.slow  # one child process of seconds (its imports)
+
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("hostile_inputs_child.py")
 #: The child's address-space limit: twice what its imports and every case need.
