@@ -117,26 +117,31 @@ def _class_folders(folder: str, scan: _Scan) -> list[str]:
 
 
 def _class_files(folder: str, scan: _Scan) -> list[str]:
-    """The image files under one class folder, sorted by path; others counted in `scan`."""
+    """The image files under one class folder, sorted by path; others counted in `scan`.
+    Depth first with a stack, not recursion: a crafted nesting cannot exhaust Python's."""
     found: list[str] = []
-    for e in _listing(folder):
-        if e.name.startswith("."):
-            scan.skip(e.path, True)
-        elif scan.leaves_root(e.path, e.is_symlink()):
-            continue
-        elif e.is_symlink() and not os.path.exists(e.path):
-            scan.skip(e.path, False, "a broken link")
-        elif e.is_dir():
-            real = os.path.realpath(e.path)
-            if real in scan.seen:
-                scan.skip(e.path, False, "a folder read already: a class, a loop or a link")
+    stack = [folder]
+    while stack:
+        below = []
+        for e in _listing(stack.pop()):
+            if e.name.startswith("."):
+                scan.skip(e.path, True)
+            elif scan.leaves_root(e.path, e.is_symlink()):
                 continue
-            scan.seen.add(real)
-            found += _class_files(e.path, scan)
-        elif is_image_name(e.name):
-            found.append(e.path)
-        else:
-            scan.skip(e.path, False)
+            elif e.is_symlink() and not os.path.exists(e.path):
+                scan.skip(e.path, False, "a broken link")
+            elif e.is_dir():
+                real = os.path.realpath(e.path)
+                if real in scan.seen:
+                    scan.skip(e.path, False, "a folder read already: a class, a loop or a link")
+                    continue
+                scan.seen.add(real)
+                below.append(e.path)
+            elif is_image_name(e.name):
+                found.append(e.path)
+            else:
+                scan.skip(e.path, False)
+        stack += reversed(below)
     return sorted(found)
 
 
