@@ -152,7 +152,7 @@ def opened(source: str | IO[bytes], name: str | None = None,
            max_pixels: int = MAX_PIXELS) -> Iterator[Image.Image]:
     """The image in `source` (a path or a binary file), header read, pixels not yet
     decoded, after every check above; `DecodeError` naming `name` (default: the path)."""
-    label = name or (source if isinstance(source, str) else getattr(source, "name", "<data>"))
+    label = name or str(source if isinstance(source, str) else getattr(source, "name", "<data>"))
     f = open_regular(source) if isinstance(source, str) else source
     try:
         start = f.tell()
@@ -227,7 +227,7 @@ def decode(source: str | IO[bytes], size: int, how: str = "crop",
     """The image in `source` (a path or a binary file) as uint8 (3, size, size), channels
     R, G, B; `DecodeError` naming `name` (default: the path) when it is refused or not a
     readable image."""
-    label = name or (source if isinstance(source, str) else getattr(source, "name", "<data>"))
+    label = name or str(source if isinstance(source, str) else getattr(source, "name", "<data>"))
     with opened(source, name, max_pixels) as img:
         if img.format == "JPEG":
             img.draft("RGB", (size, size))  # rule: decode at a scale still >= size
