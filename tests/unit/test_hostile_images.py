@@ -153,6 +153,9 @@ def build_cases(tmp: Path) -> list[dict]:
     predict("predict_bomb_grey", good, tmp / "big" / "a" / "huge.png")
     predict("predict_fifo", good, tmp / "fifo" / "a" / "fifo.jpg")
     ok = tmp / "eps" / "a" / "0.png"
+    odd = tmp / os.fsdecode(b"ok\xff.png")
+    odd.write_bytes(ok.read_bytes())
+    predict("predict_non_utf8_name", good, odd)
     zero = edit_config(copy_export(good, tmp / "x_zero"), lambda c: c["weights"].update(
         file="/dev/zero", bytes=0))
     predict("bundle_dev_zero", zero, ok)
@@ -212,6 +215,7 @@ EXPECTED = {
     "predict_eps": (2, ["photo.jpg: cannot decode as JPEG", "EPS data"]),
     "predict_bomb_grey": (2, ["huge.png: 9600 x 9600", "--max-pixels"]),
     "predict_fifo": (2, ["fifo.jpg: a FIFO, not a regular file"]),
+    "predict_non_utf8_name": (0, ["ok\\xff.png: "]),
     "bundle_dev_zero": (2, ["config.json: weights.file '/dev/zero' is not a plain file name"]),
     "bundle_dotdot": (2, ["weights.file '../stolen.safetensors' is not a plain file name"]),
     "bundle_huge_shape": (2, ["model.safetensors: head.", "needs F32 [1000000000"]),
