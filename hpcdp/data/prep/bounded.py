@@ -1,0 +1,49 @@
+"""Reading untrusted input in bounded pieces, and naming it safely in messages.
+
+A line is read at most `limit` + 2 bytes at a time, so a file (or a gzip stream
+that expands a thousandfold) holding one enormous line costs the limit, not
+the line: the caller sees a piece longer than its limit and refuses it (or
+skips it), naming the file and line. File names come from the file system
+and may not be UTF-8; `shown` turns one into text that every stream can
+print, so no message fails on a strict stdout after the files were written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import BinaryIO
+
+#: Bytes read at a time while skipping the rest of an overlong line.
+SKIP_BYTES = 1 << 20
+
+
+def shown(name: str | bytes) -> str:
+    """`name` as printable UTF-8 text: bytes that are not UTF-8 (and lone surrogates) as
+    backslash escapes, as ``ls -b`` would show them."""
+    raw = os.fsencode(name) if isinstance(name, str) else name
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def lines(fh: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of binary stream `fh` without their ``\\n``: each whole when at most
+    `limit` + 1 bytes, else its first `limit` + 2 bytes (longer than the limit whatever the
+    line end), the rest skipped unread into memory."""
+    while True:
+        raw = fh.readline(limit + 2)
+        if not raw:
+            return
+        if raw.endswith(b"\n"):
+            yield raw[:-1]
+            continue
+        yield raw
+        if len(raw) == limit + 2:
+            _skip_line(fh)
+
+
+def _skip_line(fh: BinaryIO) -> None:
+    """Read past the next ``\\n`` (or to the end) a piece at a time."""
+    while True:
+        piece = fh.readline(SKIP_BYTES)
+        if not piece or piece.endswith(b"\n"):
+            return
