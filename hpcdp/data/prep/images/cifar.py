@@ -231,7 +231,7 @@ def _scan(tar: tarfile.TarFile, archive: str) -> dict[str, bytes]:
             raise SourceError(f"{where}: declares {member.size} bytes, more than any CIFAR "
                               f"member ({cap}); refused before reading it")
         fh = tar.extractfile(member)
-        found[full] = fh.read(cap + 1) if fh is not None else b""
+        found[full] = fh.read() if fh is not None else b""
     return found
 
 

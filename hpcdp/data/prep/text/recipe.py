@@ -43,6 +43,7 @@ import numpy as np
 
 from hpcdp import files
 from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep import bounded
 from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import tokenizer as tz
@@ -168,7 +169,7 @@ class Corpus:
         for span in spans:
             line += data[counted : span.start].count(b"\n")
             counted = span.start
-            where = f"{path}: line {line}"
+            where = f"{bounded.shown(path)}: line {line}"
             self.limits.check_record(span.stop - span.start, where)
             text = dc.record_text(data[span.start : span.stop], self.field, where)
             if text:
@@ -180,7 +181,8 @@ def _decoded(path: str, data: Any, spans: Iterator[Span], limits: dc.Limits | No
     """Text spans as UTF-8; with `limits` (``--lines``), each line within the record limit."""
     for span in spans:
         if limits is not None:
-            limits.check_record(span.stop - span.start, f"{path}: byte offset {span.start}")
+            limits.check_record(span.stop - span.start,
+                                f"{bounded.shown(path)}: byte offset {span.start}")
         raw = data[span.start : span.stop]
         try:
             yield raw.decode("utf-8")
