@@ -88,8 +88,8 @@ def parse_line(line: bytes) -> tuple[int, list[int], list[int]]:
     """(label, 13 counts, 26 values) of one line without its end; `CriteoError` saying what
     is wrong (the caller adds the file and line)."""
     if len(line) > MAX_LINE_BYTES:
-        more = "at least " if len(line) > READ_LINE_BYTES else ""
-        raise CriteoError(f"{more}{len(line)} bytes long; a row has at most {MAX_LINE_BYTES} "
+        size = f"over {READ_LINE_BYTES}" if len(line) > READ_LINE_BYTES else str(len(line))
+        raise CriteoError(f"the line is {size} bytes; a row has at most {MAX_LINE_BYTES} "
                           f"(it starts {_show(line)})")
     parts = line.split(b"\t")
     if len(parts) != FIELDS:
