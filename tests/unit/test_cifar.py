@@ -183,3 +183,59 @@ def test_not_an_archive_is_named(tmp_path: Path) -> None:
     (tmp_path / "x.tar.gz").write_text("nope")
     with pytest.raises(SourceError, match="x.tar.gz: not a readable tar archive"):
         cifar.read_archive(str(tmp_path / "x.tar.gz"))
+
+
+def test_a_same_named_member_elsewhere_does_not_replace_the_real_one(tmp_path: Path) -> None:
+    batches = fake_data(10)
+    binary, _ = cifar10_archives(tmp_path, batches)
+    with tarfile.open(binary) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    members["zzz/test_batch.bin"] = bytes([9]) * 3073  # after the real one: once, last won
+    got = cifar.read_archive(str(_tar(tmp_path / "planted.tar.gz", members)))
+    np.testing.assert_array_equal(got.val_y, batches["test_batch"][1])
+    assert len(got.val_y) == PER_BATCH
+
+
+def test_a_link_two_layouts_or_no_layout_are_refused(tmp_path: Path) -> None:
+    binary, python = cifar10_archives(tmp_path)
+    with tarfile.open(binary) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    path = tmp_path / "link.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if name.endswith("test_batch.bin"):
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                data = b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(SourceError, match=r"link.tar:cifar-10-batches-bin/test_batch.bin: not "
+                                          r"a regular file"):
+        cifar.read_archive(str(path))
+    with tarfile.open(python) as tar:
+        members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
+    with pytest.raises(SourceError, match="holds cifar-10-batches-bin and cifar-10-batches-py: "
+                                          "which to read is ambiguous"):
+        cifar.read_archive(str(_tar(tmp_path / "both.tar.gz", members)))
+    moved = {f"x/{name}": data for name, data in members.items()}
+    with pytest.raises(SourceError, match="holds none of the published layouts"):
+        cifar.read_archive(str(_tar(tmp_path / "moved.tar.gz", moved)))
+
+
+def test_arrays_are_built_only_from_their_own_bytes() -> None:
+    from numpy._core import multiarray
+
+    class Call:
+        def __init__(self, *call):
+            self.call = call
+
+        def __reduce__(self):
+            return self.call[0], self.call[1:]
+
+    for planted, problem in [
+        (Call(np.ndarray, (4,), np.dtype("u1"), b"\0", 0, (0,)), "direct numpy.ndarray"),
+        (Call(multiarray._reconstruct, np.ndarray, (1 << 40,), b"B"), r"shape \(1099511627776,\)"),
+        (Call(np.dtype, "O8", False, True), "dtype 'O8'"),
+    ]:
+        with pytest.raises(SourceError, match=f"t: refused: the pickle holds .*{problem}"):
+            cifar.safe_load(pickle.dumps({b"data": planted}, protocol=2), "t")

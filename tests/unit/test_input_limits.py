@@ -1,0 +1,44 @@
+"""The bounded readers and limits shared by the archive and corpus recipes (pure logic)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from hpcdp.data.prep import bounded
+from hpcdp.data.prep.text import documents as dc
+from hpcdp.data.prep.text.writer import TokenPrepError
+
+
+def test_names_that_are_not_utf8_are_shown_escaped() -> None:
+    assert bounded.shown(b"a\xffb.txt") == "a\\xffb.txt"
+    assert bounded.shown("a\udcffb.txt") == "a\\xffb.txt"  # as os.fsdecode gives it
+    assert bounded.shown("Köln.txt") == "Köln.txt"
+
+
+def test_lines_are_whole_up_to_the_limit_and_cut_beyond() -> None:
+    data = b"0123456789\n" + b"x" * 12 + b"\n" + b"y" * 40 + b"\nlast"
+    got = list(bounded.lines(io.BytesIO(data), 10))
+    assert got == [b"0123456789", b"x" * 12, b"y" * 12, b"last"]
+
+
+def test_record_limit_and_expansion_budget() -> None:
+    limits = dc.Limits(record_bytes=100, expansion=3)
+    limits.check_record(100, "f: line 1")
+    with pytest.raises(TokenPrepError, match=r"f: line 2: a record of more than 100 bytes "
+                                             r"\(--max-record-bytes 100"):
+        limits.check_record(101, "f: line 2")
+    assert limits.budget(10) == 3 << 20  # small files may give up to 3 MiB
+    assert limits.budget(10 << 20) == 30 << 20
+    assert "--max-expansion 3" in str(limits.over_budget(10, "f"))
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    (b'{"text": "x", "n": ' + b"1" * 4400 + b"}", "a number of more than 4300 digits"),
+    (b'{"text": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested too deeply"),
+    (b'{"text": "a\\udc80"}', r"lone surrogate \(U\+DC80\) at character 1"),
+])
+def test_records_python_cannot_hold_as_text_are_named(line: bytes, problem: str) -> None:
+    with pytest.raises(TokenPrepError, match=f"f: line 7: .*{problem}"):
+        dc.record_text(line, "text", "f: line 7")
