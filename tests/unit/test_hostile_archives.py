@@ -90,6 +90,18 @@ def sparse_member(tmp: Path) -> list[str]:
     return cifar_cmd(path, tmp)
 
 
+def long_name_header(tmp: Path) -> list[str]:
+    """A GNU long-name header declaring 400 MB (a hole on disk), which tarfile reads whole."""
+    path = tmp / "longname.tar"
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, 400_000_000
+    with open(path, "wb") as fh:
+        fh.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        fh.seek(info.size + (-info.size % 512), 1)
+        fh.write(tarfile.TarInfo("x").tobuf(format=tarfile.GNU_FORMAT) + bytes(1024))
+    return cifar_cmd(path, tmp)
+
+
 class Reduced:
     """Pickles as ``func(*args)``: what a hostile pickle may ask the unpickler to call."""
 
@@ -255,6 +267,9 @@ CASES = {
     "cifar-sparse-member-declaring-400MB": Case(
         sparse_member, ("sparse.tar:cifar-10-batches-bin/data_batch_1.bin: declares 400000000 "
                         "bytes", "refused before reading"), CIFAR_BAD),
+    "cifar-long-name-header-declaring-400MB": Case(
+        long_name_header, ("longname.tar: a tar header extension declares 400000000 bytes",),
+        CIFAR_BAD),
     "cifar-zero-stride-pickle": Case(
         zero_stride, ("cifar-10-batches-py/data_batch_1: refused", "numpy.ndarray"), CIFAR_BAD),
     "cifar-pickle-declaring-800MB": Case(

@@ -23,7 +23,8 @@ Only the members of the published layout are read, by their full path in it
 elsewhere in the archive is ignored, the same path twice or two layouts in one
 archive is refused as ambiguous, a member that is not a regular file is
 refused, and each member's declared size is checked against `MAX_MEMBER_BYTES`
-before a byte of it is read.
+before a byte of it is read (as is a header extension's, which `tarfile` would
+read whole, against `MAX_HEADER_BYTES`).
 
 Both versions of the same data give the same sources: train is the five
 training batches in order (``data_batch_1..5``, or ``train`` for CIFAR-100),
@@ -54,6 +55,10 @@ SHAPE = (3, 32, 32)
 MAX_MEMBER_BYTES = 160 << 20
 #: The largest label-names member read (the published ones are under 2 KB).
 MAX_NAMES_BYTES = 1 << 20
+#: The largest tar header extension (a long name, pax attributes) read.
+MAX_HEADER_BYTES = 1 << 20
+EXTENSIONS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+              tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 #: The dtypes a batch's arrays may have (as NumPy pickles name them).
 PLAIN_DTYPES = frozenset({"b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8"})
 
@@ -190,11 +195,23 @@ class _Split(Source):
 # -- reading the archive ---------------------------------------------------------------
 
 
+class _HeaderCap(tarfile.TarInfo):
+    """A tar header that refuses a long-name or pax extension larger than `MAX_HEADER_BYTES`:
+    `tarfile` reads such an extension whole, whatever size it declares."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in EXTENSIONS and self.size > MAX_HEADER_BYTES:
+            raise SourceError(f"--archive {shown(archive.name or '?')}: a tar header extension "
+                              f"declares {self.size} bytes (at most {MAX_HEADER_BYTES} are "
+                              "read); refused")
+        return super()._proc_member(archive)
+
+
 def _members(path: str) -> tuple[str, dict[str, bytes]]:
     """The layout folder of the archive and its members that the recipe reads, by base name
     (see the module doc: exact paths, each once, regular, within its size cap)."""
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with tarfile.open(path, "r:*", tarinfo=_HeaderCap) as tar:
             found = _scan(tar, shown(path))
     except FileNotFoundError:
         raise SourceError(f"--archive {shown(path)}: no such file") from None
