@@ -42,3 +42,18 @@ def test_record_limit_and_expansion_budget() -> None:
 def test_records_python_cannot_hold_as_text_are_named(line: bytes, problem: str) -> None:
     with pytest.raises(TokenPrepError, match=f"f: line 7: .*{problem}"):
         dc.record_text(line, "text", "f: line 7")
+
+
+@pytest.mark.parametrize("kind", ["string", "large_string", "string_view", "dictionary"])
+def test_parquet_value_lengths_are_counted_before_decoding(tmp_path, kind: str) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    values = ["a" * 300, "b" * 10] * 3
+    column = (pa.array(values).dictionary_encode() if kind == "dictionary"
+              else pa.array(values, getattr(pa, kind)()))
+    pq.write_table(pa.table({"text": column}), tmp_path / "t.parquet")
+    path = str(tmp_path / "t.parquet")
+    assert list(dc.parquet_texts(path, "text")) == values
+    with pytest.raises(TokenPrepError, match=r"t.parquet: row group 0, row 0: a record of more "
+                                             r"than 299 bytes"):
+        list(dc.parquet_texts(path, "text", dc.Limits(record_bytes=299)))

@@ -247,9 +247,9 @@ class _Budget:
         import pyarrow.compute as pc
 
         values = column.dictionary if pa.types.is_dictionary(column.type) else column
-        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        lengths = _lengths(values)
+        if lengths is None:
             return  # not text: the first value is refused by type
-        lengths = pc.binary_length(values)
         if pa.types.is_dictionary(column.type):
             lengths = lengths.take(column.indices)
         longest = pc.max(lengths).as_py() or 0
@@ -259,3 +259,18 @@ class _Budget:
         self.left -= len(column) + (pc.sum(lengths).as_py() or 0)
         if self.left < 0:
             raise self.limits.over_budget(self.size, where)
+
+
+def _lengths(values: Any) -> Any:
+    """The byte length of each string of an Arrow array (nulls as 0), without decoding any;
+    None when it does not hold strings."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        return pc.fill_null(pc.binary_length(values), 0)
+    if pa.types.is_string_view(values.type):  # 16-byte views: the length is the first int32
+        views = np.frombuffer(values.buffers()[1], np.int32).reshape(-1, 4)
+        return pa.array(views[values.offset : values.offset + len(values), 0].astype(np.int64))
+    return None
