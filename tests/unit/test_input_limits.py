@@ -29,7 +29,7 @@ def test_record_limit_and_expansion_budget() -> None:
     with pytest.raises(TokenPrepError, match=r"f: line 2: a record of more than 100 bytes "
                                              r"\(--max-record-bytes 100"):
         limits.check_record(101, "f: line 2")
-    assert limits.budget(10) == 3 << 20  # small files may give up to 3 MiB
+    assert limits.budget(10) == 3 * (64 << 10)  # a small file counts as 64 KiB
     assert limits.budget(10 << 20) == 30 << 20
     assert "--max-expansion 3" in str(limits.over_budget(10, "f"))
 

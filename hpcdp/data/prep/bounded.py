@@ -16,6 +16,14 @@ from typing import BinaryIO
 
 #: Bytes read at a time while skipping the rest of an overlong line.
 SKIP_BYTES = 1 << 20
+#: A compressed file may expand to its limit times this size at least, however small it is
+#: (its headers and footers weigh more, relatively, in a small file).
+SMALLEST_COMPRESSED = 64 << 10
+
+
+def expansion_budget(ratio: int, compressed: int) -> int:
+    """Bytes a compressed file of `compressed` bytes may expand to at `ratio` times."""
+    return ratio * max(compressed, SMALLEST_COMPRESSED)
 
 
 def shown(name: str | bytes) -> str:

@@ -55,6 +55,11 @@ BLOCK_BYTES = 32 << 20
 MAX_LINE_BYTES = 1 + DENSE * (1 + 19) + CATEGORICAL * (1 + 8)
 #: Bytes of a longer line kept to report it (the rest is never copied).
 READ_LINE_BYTES = 4096
+#: The most a gzipped log may expand, times its size (at least 64 KiB), each line counted as
+#: at least the shortest row (its label, 39 tabs and the line end): a decompression bomb of
+#: blank lines is refused after seconds instead of read for minutes.
+GZIP_EXPANSION = 100
+MIN_ROW_BYTES = FIELDS + 1
 
 
 class CriteoError(ValueError):
@@ -299,11 +304,20 @@ def _newlines(data: mmap.mmap, lo: int, hi: int) -> int:
 def gzip_lines(path: str, block: int = 1 << 16) -> Iterator[tuple[int, list[bytes]]]:
     """Blocks of the lines of gzipped file `path`, each with the number of its first line
     (a line longer than `READ_LINE_BYTES` cut there, the rest skipped unread); a damaged
-    stream is a `CriteoError` naming the file and the last line read."""
-    line, pending = 1, []
+    stream, or one expanding past `GZIP_EXPANSION` times the file, is a `CriteoError` naming
+    the file and the last line read."""
+    line, pending, total = 1, [], 0
+    size = os.path.getsize(path)
+    budget = bounded.expansion_budget(GZIP_EXPANSION, size)
     try:
         with gzip.open(path, "rb") as fh:
             for raw in bounded.lines(fh, READ_LINE_BYTES):
+                total += max(len(raw) + 1, MIN_ROW_BYTES)
+                if total > budget:
+                    raise CriteoError(
+                        f"{bounded.shown(path)}: line {line + len(pending)}: more than "
+                        f"{budget} bytes from {size} compressed bytes; click logs compress "
+                        f"about 4 times, so more than {GZIP_EXPANSION} times is refused")
                 pending.append(raw.removesuffix(b"\r"))
                 if len(pending) == block:
                     yield line, pending

@@ -21,7 +21,7 @@ record (a JSON Lines line, a ``--lines`` text line, a Parquet value) longer
 than ``--max-record-bytes`` is an error naming the file, line (row) and the
 option, found while reading at most that many bytes of it; and a compressed
 file (gzip, Parquet) may yield at most ``--max-expansion`` times its size in
-document bytes (at least that times 1 MiB), checked on the sizes a Parquet file
+document bytes (at least that times 64 KiB), checked on the sizes a Parquet file
 declares before reading and per batch of values before they are decoded, so
 neither a gzip stream nor a dictionary-encoded column can expand without bound.
 """
@@ -61,7 +61,7 @@ class Limits:
 
     def budget(self, compressed: int) -> int:
         """Document bytes a compressed file of `compressed` bytes may give."""
-        return self.expansion * max(compressed, 1 << 20)
+        return bounded.expansion_budget(self.expansion, compressed)
 
     def check_record(self, nbytes: int, where: str) -> None:
         """A record of `nbytes` bytes at `where` (file and line or row) is within the limit."""
@@ -74,7 +74,7 @@ class Limits:
         return TokenPrepError(
             f"{where}: more than {self.budget(compressed)} bytes of documents from "
             f"{compressed} compressed bytes (--max-expansion {self.expansion} allows that many "
-            "times the file's size, or MiB for a file under 1 MiB; raise it if this corpus "
+            "times the file's size, or 64 KiB for a smaller file; raise it if this corpus "
             "compresses better)")
 
 

@@ -308,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the longest JSON Lines record, Parquet value or --lines line "
                         "accepted (default: 64 MiB); see docs/input-checks.md")
     p.add_argument("--max-expansion", type=int, default=dc.Limits.expansion,
-                   help="gzip and Parquet files: at most this many times their size (or MiB, "
-                        "under 1 MiB) in documents (default: 100)")
+                   help="gzip and Parquet files: at most this many times their size (at least "
+                        "64 KiB) in documents (default: 100)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     return p
 
