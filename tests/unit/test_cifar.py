@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import tarfile
 from pathlib import Path
@@ -239,3 +240,11 @@ def test_arrays_are_built_only_from_their_own_bytes() -> None:
     ]:
         with pytest.raises(SourceError, match=f"t: refused: the pickle holds .*{problem}"):
             cifar.safe_load(pickle.dumps({b"data": planted}, protocol=2), "t")
+
+
+@pytest.mark.timeout(30)
+def test_an_archive_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    fifo = tmp_path / "cifar.tar.gz"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    with pytest.raises(SourceError, match="cifar.tar.gz: not a regular file"):
+        cifar.read_archive(str(fifo))

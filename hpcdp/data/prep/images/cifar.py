@@ -20,11 +20,12 @@ shape says.
 
 Only the members of the published layout are read, by their full path in it
 (``cifar-10-batches-bin/test_batch.bin``; `LAYOUTS`): a same-named file
-elsewhere in the archive is ignored, the same path twice or two layouts in one
-archive is refused as ambiguous, a member that is not a regular file is
-refused, and each member's declared size is checked against `MAX_MEMBER_BYTES`
-before a byte of it is read (as is a header extension's, which `tarfile` would
-read whole, against `MAX_HEADER_BYTES`).
+elsewhere in the archive is ignored; the same path twice or two layouts in one
+archive is refused as ambiguous; an archive or member that is not a regular
+file (a FIFO would block, a link point anywhere) is refused; and each member's
+declared size is checked against `MAX_MEMBER_BYTES` before a byte of it is read
+(as is a header extension's, which `tarfile` would read whole, against
+`MAX_HEADER_BYTES`).
 
 Both versions of the same data give the same sources: train is the five
 training batches in order (``data_batch_1..5``, or ``train`` for CIFAR-100),
@@ -37,7 +38,9 @@ from __future__ import annotations
 import codecs
 import io
 import json
+import os
 import pickle
+import stat
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -211,6 +214,9 @@ def _members(path: str) -> tuple[str, dict[str, bytes]]:
     """The layout folder of the archive and its members that the recipe reads, by base name
     (see the module doc: exact paths, each once, regular, within its size cap)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device not end
+            raise SourceError(f"--archive {shown(path)}: not a regular file (a folder, FIFO, "
+                              "device or socket); refused")
         with tarfile.open(path, "r:*", tarinfo=_HeaderCap) as tar:
             found = _scan(tar, shown(path))
     except FileNotFoundError:
@@ -321,7 +327,7 @@ def _batch(data: bytes, where: str, label_key: str, classes: int
             or x.shape[1] != RECORD_PIXELS:
         raise SourceError(f"{where}: 'data' must be a uint8 array of shape (N, 3072), got "
                           f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
-    if not x.flags.c_contiguous or x.nbytes > len(data):
+    if x.nbytes > len(data) or (len(x) > 1 and 0 in x.strides):
         raise SourceError(f"{where}: 'data' declares {x.nbytes} bytes of pixels, but the "
                           f"member holds {len(data)}; refused")
     labels = _get(d, label_key, where)
@@ -332,7 +338,7 @@ def _batch(data: bytes, where: str, label_key: str, classes: int
         if not 0 <= v < classes:
             raise SourceError(f"{where}: record {i} has label {_number(int(v))}, outside "
                               f"0..{classes - 1}")
-    return x.reshape(-1, *SHAPE), np.asarray(labels, np.int64)
+    return np.ascontiguousarray(x).reshape(-1, *SHAPE), np.asarray(labels, np.int64)
 
 
 def _number(v: int) -> str:
