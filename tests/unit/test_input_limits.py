@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpcdp.data.prep import bounded
 from hpcdp.data.prep.text import documents as dc
@@ -18,9 +20,22 @@ def test_names_that_are_not_utf8_are_shown_escaped() -> None:
 
 
 def test_lines_are_whole_up_to_the_limit_and_cut_beyond() -> None:
-    data = b"0123456789\n" + b"x" * 12 + b"\n" + b"y" * 40 + b"\nlast"
+    data = b"0123456789\n" + b"x" * 11 + b"\n" + b"y" * 40 + b"\nlast"
     got = list(bounded.lines(io.BytesIO(data), 10))
-    assert got == [b"0123456789", b"x" * 12, b"y" * 12, b"last"]
+    assert got == [b"0123456789", b"x" * 11, b"y" * 12, b"last"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 30), max_size=12), st.booleans(), st.integers(1, 17))
+def test_lines_match_a_plain_split_at_any_chunk_size(lengths, ends, chunk) -> None:
+    lines = [bytes([97 + i % 26]) * n for i, n in enumerate(lengths)]
+    data = b"\n".join(lines) + (b"\n" if ends and lines else b"")
+    limit = 8
+    got = list(bounded.lines(io.BytesIO(data), limit, chunk))
+    expected = data.split(b"\n")
+    if expected and expected[-1] == b"":
+        expected.pop()
+    assert got == [line[: limit + 2] for line in expected]
 
 
 def test_record_limit_and_expansion_budget() -> None:

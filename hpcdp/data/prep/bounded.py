@@ -1,11 +1,12 @@
 """Reading untrusted input in bounded pieces, and naming it safely in messages.
 
-A line is read at most `limit` + 2 bytes at a time, so a file (or a gzip stream
-that expands a thousandfold) holding one enormous line costs the limit, not
-the line: the caller sees a piece longer than its limit and refuses it (or
-skips it), naming the file and line. File names come from the file system
-and may not be UTF-8; `shown` turns one into text that every stream can
-print, so no message fails on a strict stdout after the files were written.
+Lines are read a chunk at a time and at most `limit` + 2 bytes of each is kept,
+so a file (or a gzip stream that expands a thousandfold) holding one enormous
+line costs the limit, not the line: the caller sees a piece longer than its
+limit and refuses it (or skips it), naming the file and line. File names come
+from the file system and may not be UTF-8; `shown` turns one into text that
+every stream can print, so no message fails on a strict stdout after the files
+were written.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 from collections.abc import Iterator
 from typing import BinaryIO
 
-#: Bytes read at a time while skipping the rest of an overlong line.
-SKIP_BYTES = 1 << 20
+#: Bytes read at a time (bounds what a line costs beyond its limit).
+CHUNK_BYTES = 1 << 20
 #: A compressed file may expand to its limit times this size at least, however small it is
 #: (its headers and footers weigh more, relatively, in a small file).
 SMALLEST_COMPRESSED = 64 << 10
@@ -33,25 +34,26 @@ def shown(name: str | bytes) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def lines(fh: BinaryIO, limit: int) -> Iterator[bytes]:
+def lines(fh: BinaryIO, limit: int, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
     """The lines of binary stream `fh` without their ``\\n``: each whole when at most
     `limit` + 1 bytes, else its first `limit` + 2 bytes (longer than the limit whatever the
-    line end), the rest skipped unread into memory."""
-    while True:
-        raw = fh.readline(limit + 2)
-        if not raw:
-            return
-        if raw.endswith(b"\n"):
-            yield raw[:-1]
+    line end), the rest skipped unread into memory. Read `chunk` bytes at a time."""
+    pending: list[bytes] = []  # the start of the line not yet ended
+    size, long = 0, False  # bytes pending; whether this line was already given (cut)
+    while piece := fh.read(chunk):
+        parts = piece.split(b"\n")
+        if len(parts) > 1:
+            if not long:
+                yield b"".join([*pending, parts[0]])[: limit + 2]
+            pending, size, long = [], 0, False
+            for part in parts[1:-1]:
+                yield part[: limit + 2]
+        if long:
             continue
-        yield raw
-        if len(raw) == limit + 2:
-            _skip_line(fh)
-
-
-def _skip_line(fh: BinaryIO) -> None:
-    """Read past the next ``\\n`` (or to the end) a piece at a time."""
-    while True:
-        piece = fh.readline(SKIP_BYTES)
-        if not piece or piece.endswith(b"\n"):
-            return
+        pending.append(parts[-1])
+        size += len(parts[-1])
+        if size > limit + 1:
+            yield b"".join(pending)[: limit + 2]
+            pending, size, long = [], 0, True
+    if size and not long:
+        yield b"".join(pending)

@@ -317,7 +317,8 @@ def gzip_lines(path: str, block: int = 1 << 16) -> Iterator[tuple[int, list[byte
                     raise CriteoError(
                         f"{bounded.shown(path)}: line {line + len(pending)}: more than "
                         f"{budget} bytes from {size} compressed bytes; click logs compress "
-                        f"about 4 times, so more than {GZIP_EXPANSION} times is refused")
+                        f"about 4 times, so more than {GZIP_EXPANSION} times is refused (a "
+                        "real log that compresses better can be read decompressed)")
                 pending.append(raw.removesuffix(b"\r"))
                 if len(pending) == block:
                     yield line, pending
