@@ -16,7 +16,8 @@ rules that turn a row into model inputs:
 A line longer than `MAX_LINE_BYTES` (the longest a valid row can be) is a bad
 line like any other, but at most `READ_LINE_BYTES` of it are read into memory
 and the error is worded from a bounded prefix, so one enormous line costs
-neither memory nor time. A file that is shorter when read than when the ranks
+neither memory nor time. A gzipped log may expand to at most `GZIP_EXPANSION`
+times its size, and a file that is shorter when read than when the ranks
 shared the files out is an error naming it.
 
 Nothing here depends on which process reads which rows, so any number of ranks
