@@ -48,6 +48,9 @@ SUFFIXES = ((".jsonl.gz", JSONL_GZ), (".json.gz", JSONL_GZ), (".jsonl", JSONL),
 PYARROW_HINT = "pip install pyarrow, or pip install 'hpcdp[parquet]'"
 #: Parquet values decoded at a time (their lengths are checked before they are).
 PARQUET_BATCH_ROWS = 1024
+#: What each line of a compressed file counts toward its budget at least: reading a line costs
+#: about as much as this many bytes, so a bomb of blank lines ends in seconds, not minutes.
+LINE_COST = 64
 #: A lone surrogate: valid in a JSON string escape, but not encodable as UTF-8.
 SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -166,7 +169,7 @@ def gzip_texts(path: str, field: str, limits: Limits = DEFAULT_LIMITS) -> Iterat
                 where = f"{bounded.shown(path)}: line {lineno}"
                 line = raw.rstrip(b"\r")
                 limits.check_record(len(line), where)
-                total += len(raw) + 1
+                total += max(len(raw) + 1, LINE_COST)
                 if total > budget:
                     raise limits.over_budget(os.path.getsize(path), where)
                 text = record_text(line, field, where)
