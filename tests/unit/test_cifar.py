@@ -248,3 +248,19 @@ def test_an_archive_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path)
     os.mkfifo(fifo)  # opening it to read would wait for a writer forever
     with pytest.raises(SourceError, match="cifar.tar.gz: not a regular file"):
         cifar.read_archive(str(fifo))
+
+
+@pytest.mark.parametrize("pack", ["gz", "xz"])
+def test_a_damaged_compressed_archive_is_named(tmp_path: Path, pack: str) -> None:
+    import gzip
+    import lzma
+
+    binary, _ = cifar10_archives(tmp_path)
+    tar = gzip.decompress(binary.read_bytes())
+    # damaged deflate blocks raise zlib.error, damaged xz lzma.LZMAError: neither an OSError
+    data = bytearray((gzip.compress if pack == "gz" else lzma.compress)(tar))
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    path = tmp_path / f"damaged.tar.{pack}"
+    path.write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=f"damaged.tar.{pack}: not a readable tar archive"):
+        cifar.read_archive(str(path))

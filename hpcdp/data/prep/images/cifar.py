@@ -38,6 +38,7 @@ from __future__ import annotations
 import codecs
 import io
 import json
+import lzma
 import os
 import pickle
 import stat
@@ -221,7 +222,7 @@ def _members(path: str) -> tuple[str, dict[str, bytes]]:
             found = _scan(tar, shown(path))
     except FileNotFoundError:
         raise SourceError(f"--archive {shown(path)}: no such file") from None
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise SourceError(f"--archive {shown(path)}: not a readable tar archive: "
                           f"{exc}") from None
     folders = sorted({full.split("/", 1)[0] for full in found})
