@@ -302,24 +302,34 @@ def _newlines(data: mmap.mmap, lo: int, hi: int) -> int:
                for a in range(lo, hi, BLOCK_BYTES))
 
 
+def gzip_budget(path: str) -> int:
+    """Bytes gzipped log `path` may expand to (`GZIP_EXPANSION`), lines counted as at least
+    `MIN_ROW_BYTES` each."""
+    return bounded.expansion_budget(GZIP_EXPANSION, os.path.getsize(path))
+
+
+def gzip_bomb(path: str, line: int) -> CriteoError:
+    """The refusal of a gzipped log that expands past `gzip_budget` by line `line`."""
+    return CriteoError(
+        f"{bounded.shown(path)}: line {line}: more than {gzip_budget(path)} bytes from "
+        f"{os.path.getsize(path)} compressed bytes; click logs compress about 4 times, so more "
+        f"than {GZIP_EXPANSION} times is refused (a real log that compresses better can be "
+        "read decompressed)")
+
+
 def gzip_lines(path: str, block: int = 1 << 16) -> Iterator[tuple[int, list[bytes]]]:
     """Blocks of the lines of gzipped file `path`, each with the number of its first line
     (a line longer than `READ_LINE_BYTES` cut there, the rest skipped unread); a damaged
-    stream, or one expanding past `GZIP_EXPANSION` times the file, is a `CriteoError` naming
-    the file and the last line read."""
+    stream, or one expanding past `gzip_budget`, is a `CriteoError` naming the file and the
+    last line read."""
     line, pending, total = 1, [], 0
-    size = os.path.getsize(path)
-    budget = bounded.expansion_budget(GZIP_EXPANSION, size)
+    budget = gzip_budget(path)
     try:
         with gzip.open(path, "rb") as fh:
             for raw in bounded.lines(fh, READ_LINE_BYTES):
                 total += max(len(raw) + 1, MIN_ROW_BYTES)
                 if total > budget:
-                    raise CriteoError(
-                        f"{bounded.shown(path)}: line {line + len(pending)}: more than "
-                        f"{budget} bytes from {size} compressed bytes; click logs compress "
-                        f"about 4 times, so more than {GZIP_EXPANSION} times is refused (a "
-                        "real log that compresses better can be read decompressed)")
+                    raise gzip_bomb(path, line + len(pending))
                 pending.append(raw.removesuffix(b"\r"))
                 if len(pending) == block:
                     yield line, pending
