@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import tarfile
 from pathlib import Path
@@ -140,13 +141,14 @@ def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path: Path
                "cifar-10-batches-py/data_batch_1": pickle.dumps(
                    {b"data": PlantedPayload(marker), b"labels": []}, protocol=protocol)}
     archive = _tar(tmp_path / "evil.tar.gz", planted)
-    with pytest.raises(SourceError, match=r"evil.tar.gz:data_batch_1: refused: the pickle "
+    with pytest.raises(SourceError, match=r"evil.tar.gz:cifar-10-batches-py/data_batch_1: refused: "
+                                          r"the pickle "
                                           r"names (io|builtins|_io)\.open"):
         cifar.read_archive(str(archive))
     assert not marker.exists()
     out = tmp_path / "out"
     assert prep.main(["cifar", "--archive", str(archive), "--out", str(out)]) == 2
-    assert "data_batch_1: refused" in capsys.readouterr().err
+    assert "cifar-10-batches-py/data_batch_1: refused" in capsys.readouterr().err
     assert not marker.exists() and not out.exists()
 
 
@@ -162,11 +164,12 @@ def test_the_restricted_unpickler_still_reads_what_cifar_holds() -> None:
 
 
 @pytest.mark.parametrize(("edit", "problem"), [
-    (lambda m: m.pop("cifar-10-batches-bin/data_batch_3.bin"), "no member 'data_batch_3.bin'"),
+    (lambda m: m.pop("cifar-10-batches-bin/data_batch_3.bin"),
+     "cifar-10-batches-bin/data_batch_3.bin: no such member"),
     (lambda m: m.update({"cifar-10-batches-bin/test_batch.bin": b"x" * 3074}),
-     "test_batch.bin: 3074 bytes is not a whole number of 3073-byte records"),
+     "batches-bin/test_batch.bin: 3074 bytes is not a whole number of 3073-byte records"),
     (lambda m: m.update({"cifar-10-batches-bin/test_batch.bin": bytes([12]) + bytes(3072)}),
-     "test_batch.bin: record 0 has label 12, outside 0..9"),
+     "batches-bin/test_batch.bin: record 0 has label 12, outside 0..9"),
 ])
 def test_bad_binary_archives_are_named(tmp_path: Path, edit, problem: str) -> None:
     binary, _ = cifar10_archives(tmp_path)
@@ -181,3 +184,83 @@ def test_not_an_archive_is_named(tmp_path: Path) -> None:
     (tmp_path / "x.tar.gz").write_text("nope")
     with pytest.raises(SourceError, match="x.tar.gz: not a readable tar archive"):
         cifar.read_archive(str(tmp_path / "x.tar.gz"))
+
+
+def test_a_same_named_member_elsewhere_does_not_replace_the_real_one(tmp_path: Path) -> None:
+    batches = fake_data(10)
+    binary, _ = cifar10_archives(tmp_path, batches)
+    with tarfile.open(binary) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    members["zzz/test_batch.bin"] = bytes([9]) * 3073  # after the real one: once, last won
+    got = cifar.read_archive(str(_tar(tmp_path / "planted.tar.gz", members)))
+    np.testing.assert_array_equal(got.val_y, batches["test_batch"][1])
+    assert len(got.val_y) == PER_BATCH
+
+
+def test_a_link_two_layouts_or_no_layout_are_refused(tmp_path: Path) -> None:
+    binary, python = cifar10_archives(tmp_path)
+    with tarfile.open(binary) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    path = tmp_path / "link.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if name.endswith("test_batch.bin"):
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                data = b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(SourceError, match=r"link.tar:cifar-10-batches-bin/test_batch.bin: not "
+                                          r"a regular file"):
+        cifar.read_archive(str(path))
+    with tarfile.open(python) as tar:
+        members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
+    with pytest.raises(SourceError, match="holds cifar-10-batches-bin and cifar-10-batches-py: "
+                                          "which to read is ambiguous"):
+        cifar.read_archive(str(_tar(tmp_path / "both.tar.gz", members)))
+    moved = {f"x/{name}": data for name, data in members.items()}
+    with pytest.raises(SourceError, match="holds none of the published layouts"):
+        cifar.read_archive(str(_tar(tmp_path / "moved.tar.gz", moved)))
+
+
+def test_arrays_are_built_only_from_their_own_bytes() -> None:
+    from numpy._core import multiarray
+
+    class Call:
+        def __init__(self, *call):
+            self.call = call
+
+        def __reduce__(self):
+            return self.call[0], self.call[1:]
+
+    for planted, problem in [
+        (Call(np.ndarray, (4,), np.dtype("u1"), b"\0", 0, (0,)), "direct numpy.ndarray"),
+        (Call(multiarray._reconstruct, np.ndarray, (1 << 40,), b"B"), r"shape \(1099511627776,\)"),
+        (Call(np.dtype, "O8", False, True), "dtype 'O8'"),
+    ]:
+        with pytest.raises(SourceError, match=f"t: refused: the pickle holds .*{problem}"):
+            cifar.safe_load(pickle.dumps({b"data": planted}, protocol=2), "t")
+
+
+@pytest.mark.timeout(30)
+def test_an_archive_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    fifo = tmp_path / "cifar.tar.gz"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    with pytest.raises(SourceError, match="cifar.tar.gz: not a regular file"):
+        cifar.read_archive(str(fifo))
+
+
+@pytest.mark.parametrize("pack", ["gz", "xz"])
+def test_a_damaged_compressed_archive_is_named(tmp_path: Path, pack: str) -> None:
+    import gzip
+    import lzma
+
+    binary, _ = cifar10_archives(tmp_path)
+    tar = gzip.decompress(binary.read_bytes())
+    # damaged deflate blocks raise zlib.error, damaged xz lzma.LZMAError: neither an OSError
+    data = bytearray((gzip.compress if pack == "gz" else lzma.compress)(tar))
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    path = tmp_path / f"damaged.tar.{pack}"
+    path.write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=f"damaged.tar.{pack}: not a readable tar archive"):
+        cifar.read_archive(str(path))

@@ -13,6 +13,13 @@ rules that turn a row into model inputs:
   empty value, 1 for every value seen fewer than ``--min-count`` times in the
   training files or not at all, 2.. for the others in increasing value order).
 
+A line longer than `MAX_LINE_BYTES` (the longest a valid row can be) is a bad
+line like any other, but at most `READ_LINE_BYTES` of it are read into memory
+and the error is worded from a bounded prefix, so one enormous line costs
+neither memory nor time. A gzipped log may expand to at most `GZIP_EXPANSION`
+times its size, and a file that is shorter when read than when the ranks
+shared the files out is an error naming it.
+
 Nothing here depends on which process reads which rows, so any number of ranks
 give the same ids. `parse_lines` is pure; `range_lines` and `gzip_lines` are the
 reading (a gzip stream cannot be cut, so one reader takes a gzip file whole).
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import mmap
+import os
 import re
 import zlib
 from collections.abc import Iterator, Sequence
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcdp.data.prep import bounded
 from hpcdp.data.prep.clicks.synth import hash_ids
 
 DENSE = 13
@@ -42,6 +51,16 @@ EMPTY_ID, RARE_ID = 0, 1
 HEX_DIGITS = b"0123456789abcdefABCDEF"
 #: Bytes read per block of a byte range (bounds the memory of one read).
 BLOCK_BYTES = 32 << 20
+#: The longest valid line: the label, 13 counts of a sign and 18 digits, 26 values of 8
+#: hexadecimal digits, each after a tab.
+MAX_LINE_BYTES = 1 + DENSE * (1 + 19) + CATEGORICAL * (1 + 8)
+#: Bytes of a longer line kept to report it (the rest is never copied).
+READ_LINE_BYTES = 4096
+#: The most a gzipped log may expand, times its size (at least 64 KiB), each line counted as
+#: at least the shortest row (its label, 39 tabs and the line end): a decompression bomb of
+#: blank lines is refused after seconds instead of read for minutes.
+GZIP_EXPANSION = 100
+MIN_ROW_BYTES = FIELDS + 1
 
 
 class CriteoError(ValueError):
@@ -74,6 +93,10 @@ class Rows:
 def parse_line(line: bytes) -> tuple[int, list[int], list[int]]:
     """(label, 13 counts, 26 values) of one line without its end; `CriteoError` saying what
     is wrong (the caller adds the file and line)."""
+    if len(line) > MAX_LINE_BYTES:
+        size = f"over {READ_LINE_BYTES}" if len(line) > READ_LINE_BYTES else str(len(line))
+        raise CriteoError(f"the line is {size} bytes; a row has at most {MAX_LINE_BYTES} "
+                          f"(it starts {_show(line)})")
     parts = line.split(b"\t")
     if len(parts) != FIELDS:
         raise CriteoError(f"{len(parts)} tab-separated fields, expected {FIELDS} (label, "
@@ -131,7 +154,8 @@ def parse_lines(lines: Sequence[bytes], name: str, first_line: int = 1,
             good.append(line)
         elif line:
             if not skip_bad:
-                raise CriteoError(f"{name}: line {first_line + i}: {_problem(line)}")
+                raise CriteoError(f"{bounded.shown(name)}: line {first_line + i}: "
+                                  f"{_problem(line)}")
             skipped += 1
     rows = convert(good)
     rows.skipped = skipped
@@ -242,20 +266,28 @@ def is_gzip(path: str) -> bool:
 
 def range_lines(path: str, lo: int, hi: int) -> Iterator[tuple[int, list[bytes]]]:
     """Blocks of the lines of plain file `path` that start in bytes ``[lo, hi)`` (without
-    their ``\n`` or ``\r\n``), each with the line number of its first line."""
+    their ``\n`` or ``\r\n``; a line longer than `READ_LINE_BYTES` cut there), each with the
+    line number of its first line. A file now shorter than `hi` is a `CriteoError`."""
     if lo >= hi:
         return
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        pos = 0 if lo == 0 else _after_newline(data, lo - 1)
-        line = 1 + _newlines(data, 0, pos)
-        while pos < hi:
-            end = _after_newline(data, min(hi, pos + BLOCK_BYTES) - 1)
-            lines = data[pos:end].split(b"\n")
-            if lines and not lines[-1]:
-                lines.pop()  # the empty piece after the last line end
-            yield line, [x[:-1] if x.endswith(b"\r") else x for x in lines]
-            line += len(lines)
-            pos = end
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < hi:
+            raise CriteoError(f"{bounded.shown(path)}: {size} bytes now, but at least {hi} "
+                              "when the ranks shared out the files: it changed while being "
+                              "read (prepare from files that stay as they are)")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            pos = 0 if lo == 0 else _after_newline(data, lo - 1)
+            line = 1 + _newlines(data, 0, pos)
+            while pos < hi:
+                cut = min(hi, pos + BLOCK_BYTES)
+                end = _after_newline(data, cut - 1)
+                lines = data[pos : min(end, cut + READ_LINE_BYTES)].split(b"\n")
+                if lines and not lines[-1]:
+                    lines.pop()  # the empty piece after the last line end
+                yield line, [x[:-1] if x.endswith(b"\r") else x for x in lines]
+                line += len(lines)
+                pos = end
 
 
 def _after_newline(data: mmap.mmap, at: int) -> int:
@@ -270,19 +302,40 @@ def _newlines(data: mmap.mmap, lo: int, hi: int) -> int:
                for a in range(lo, hi, BLOCK_BYTES))
 
 
+def gzip_budget(path: str) -> int:
+    """Bytes gzipped log `path` may expand to (`GZIP_EXPANSION`), lines counted as at least
+    `MIN_ROW_BYTES` each."""
+    return bounded.expansion_budget(GZIP_EXPANSION, os.path.getsize(path))
+
+
+def gzip_bomb(path: str, line: int) -> CriteoError:
+    """The refusal of a gzipped log that expands past `gzip_budget` by line `line`."""
+    return CriteoError(
+        f"{bounded.shown(path)}: line {line}: more than {gzip_budget(path)} bytes from "
+        f"{os.path.getsize(path)} compressed bytes; click logs compress about 4 times, so more "
+        f"than {GZIP_EXPANSION} times is refused (a real log that compresses better can be "
+        "read decompressed)")
+
+
 def gzip_lines(path: str, block: int = 1 << 16) -> Iterator[tuple[int, list[bytes]]]:
-    """Blocks of the lines of gzipped file `path`, each with the number of its first line;
-    a damaged stream is a `CriteoError` naming the file and the last line read."""
-    line, pending = 1, []
+    """Blocks of the lines of gzipped file `path`, each with the number of its first line
+    (a line longer than `READ_LINE_BYTES` cut there, the rest skipped unread); a damaged
+    stream, or one expanding past `gzip_budget`, is a `CriteoError` naming the file and the
+    last line read."""
+    line, pending, total = 1, [], 0
+    budget = gzip_budget(path)
     try:
         with gzip.open(path, "rb") as fh:
-            for raw in fh:
-                pending.append(raw.rstrip(b"\n").removesuffix(b"\r"))
+            for raw in bounded.lines(fh, READ_LINE_BYTES):
+                total += max(len(raw) + 1, MIN_ROW_BYTES)
+                if total > budget:
+                    raise gzip_bomb(path, line + len(pending))
+                pending.append(raw.removesuffix(b"\r"))
                 if len(pending) == block:
                     yield line, pending
                     line, pending = line + len(pending), []
     except (OSError, EOFError, zlib.error) as exc:
-        raise CriteoError(f"{path}: cannot be decompressed after line "
+        raise CriteoError(f"{bounded.shown(path)}: cannot be decompressed after line "
                           f"{line + len(pending) - 1}: {exc}") from None
     if pending:
         yield line, pending

@@ -11,7 +11,21 @@ the labels as lists). Pickles can run code, so they are read by
 strings, bytes, numbers and NumPy arrays through the exact globals NumPy's
 pickles name. Any other global (a function, a class) is refused with the
 archive member's name before anything is called, so a planted pickle never
-runs code.
+runs code. Nor can it allocate more than it holds: an array may be built only
+as NumPy's own pickles build one (an empty array filled from bytes of the same
+length, or a view of bytes in the pickle), with a plain numeric dtype, so a
+small pickle cannot declare a large array (a direct ``numpy.ndarray(shape, ...,
+strides=(0, 0))`` call is refused), and the pixels must be as many bytes as the
+shape says.
+
+Only the members of the published layout are read, by their full path in it
+(``cifar-10-batches-bin/test_batch.bin``; `LAYOUTS`): a same-named file
+elsewhere in the archive is ignored; the same path twice or two layouts in one
+archive is refused as ambiguous; an archive or member that is not a regular
+file (a FIFO would block, a link point anywhere) is refused; and each member's
+declared size is checked against `MAX_MEMBER_BYTES` before a byte of it is read
+(as is a header extension's, which `tarfile` would read whole, against
+`MAX_HEADER_BYTES`).
 
 Both versions of the same data give the same sources: train is the five
 training batches in order (``data_batch_1..5``, or ``train`` for CIFAR-100),
@@ -24,19 +38,56 @@ from __future__ import annotations
 import codecs
 import io
 import json
+import lzma
+import os
 import pickle
+import stat
 import tarfile
-from collections.abc import Callable
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hpcdp.data.prep.arrays import Source, SourceError
+from hpcdp.data.prep.bounded import shown
 from hpcdp.data.prep.images.stats import channel_stats, integer_sums
 
 RECORD_PIXELS = 3 * 32 * 32
 SHAPE = (3, 32, 32)
+#: The largest member read: the biggest published one is CIFAR-100's train (~155 MB).
+MAX_MEMBER_BYTES = 160 << 20
+#: The largest label-names member read (the published ones are under 2 KB).
+MAX_NAMES_BYTES = 1 << 20
+#: The largest tar header extension (a long name, pax attributes) read.
+MAX_HEADER_BYTES = 1 << 20
+EXTENSIONS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+              tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+#: The dtypes a batch's arrays may have (as NumPy pickles name them).
+PLAIN_DTYPES = frozenset({"b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8"})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A published archive's folder: the dataset, its version and the members read."""
+
+    kind: str  # "cifar10" or "cifar100"
+    binary: bool
+    names: tuple[str, ...]  # label-name members (small)
+    batches: tuple[str, ...]
+
+
+LAYOUTS = {
+    "cifar-10-batches-bin": Layout("cifar10", True, ("batches.meta.txt",),
+                                   (*(f"data_batch_{i}.bin" for i in range(1, 6)),
+                                    "test_batch.bin")),
+    "cifar-10-batches-py": Layout("cifar10", False, ("batches.meta",),
+                                  (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")),
+    "cifar-100-binary": Layout("cifar100", True, ("fine_label_names.txt",
+                                                  "coarse_label_names.txt"),
+                               ("train.bin", "test.bin")),
+    "cifar-100-python": Layout("cifar100", False, ("meta",), ("train", "test")),
+}
 
 
 def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
@@ -46,14 +97,47 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     return codecs.encode(text, "latin1")
 
 
-def _numpy_globals() -> dict[tuple[str, str], Any]:
-    """NumPy's own pickle reconstructors, under the module names old and new NumPy write."""
-    from numpy._core import multiarray, numeric
+class _Refused(pickle.UnpicklingError):
+    """Something a CIFAR pickle never does, found while unpickling (named by `safe_load`)."""
 
-    out: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray,
-                                       ("numpy", "dtype"): np.dtype}
+
+class _ArrayName:
+    """What ``numpy.ndarray`` resolves to in a pickle: the type `_reconstruct` is told to
+    build, never called (a direct call could declare any shape over any strides)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise _Refused("a direct numpy.ndarray(...) call, which can declare an array "
+                       "larger than its bytes")
+
+
+def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """NumPy's first step: an empty array, filled from bytes by its ``__setstate__``, which
+    checks that they are exactly as many as the shape says."""
+    from numpy._core import multiarray
+
+    if subtype is not _ArrayName or shape != (0,):
+        raise _Refused(f"an array built with shape {str(shape)[:40]} (NumPy's pickles build an "
+                       "empty one, then fill it from bytes of its size)")
+    return multiarray._reconstruct(np.ndarray, (0,), dtype)
+
+
+def _dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
+    """A plain numeric dtype (no objects, records or sub-arrays: no size but its own)."""
+    name = spec.decode("ascii", "replace") if isinstance(spec, bytes) else spec
+    if not isinstance(name, str) or name not in PLAIN_DTYPES:
+        raise _Refused(f"dtype {str(spec)[:40]!r} (a CIFAR batch holds plain numbers)")
+    return np.dtype(name, bool(align), bool(copy))
+
+
+def _numpy_globals() -> dict[tuple[str, str], Any]:
+    """NumPy's own pickle reconstructors, under the module names old and new NumPy write;
+    `_frombuffer` views bytes the pickle holds, so its array is never larger than they are."""
+    from numpy._core import numeric
+
+    out: dict[tuple[str, str], Any] = {("numpy", "ndarray"): _ArrayName,
+                                       ("numpy", "dtype"): _dtype}
     for core in ("numpy.core", "numpy._core"):
-        out[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        out[(f"{core}.multiarray", "_reconstruct")] = _reconstruct
         out[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer
     return out
 
@@ -83,6 +167,9 @@ def safe_load(data: bytes, where: str) -> Any:
         return SafeUnpickler(data, where).load()
     except SourceError:
         raise
+    except _Refused as exc:
+        raise SourceError(f"{where}: refused: the pickle holds {exc}; nothing of it was "
+                          "built") from None
     except Exception as exc:  # noqa: BLE001 - any malformed pickle is bad input, named
         raise SourceError(f"{where}: not a readable pickle: {type(exc).__name__}: {exc}") from None
 
@@ -112,21 +199,64 @@ class _Split(Source):
 # -- reading the archive ---------------------------------------------------------------
 
 
-def _members(path: str) -> dict[str, bytes]:
-    """Every regular file of the archive by its base name."""
+class _HeaderCap(tarfile.TarInfo):
+    """A tar header that refuses a long-name or pax extension larger than `MAX_HEADER_BYTES`:
+    `tarfile` reads such an extension whole, whatever size it declares."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in EXTENSIONS and self.size > MAX_HEADER_BYTES:
+            raise SourceError(f"--archive {shown(archive.name or '?')}: a tar header extension "
+                              f"declares {self.size} bytes (at most {MAX_HEADER_BYTES} are "
+                              "read); refused")
+        return super()._proc_member(archive)
+
+
+def _members(path: str) -> tuple[str, dict[str, bytes]]:
+    """The layout folder of the archive and its members that the recipe reads, by base name
+    (see the module doc: exact paths, each once, regular, within its size cap)."""
     try:
-        with tarfile.open(path, "r:*") as tar:
-            out = {}
-            for m in tar.getmembers():
-                if m.isfile():
-                    fh = tar.extractfile(m)
-                    if fh is not None:
-                        out[m.name.rsplit("/", 1)[-1]] = fh.read()
-            return out
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device not end
+            raise SourceError(f"--archive {shown(path)}: not a regular file (a folder, FIFO, "
+                              "device or socket); refused")
+        with tarfile.open(path, "r:*", tarinfo=_HeaderCap) as tar:
+            found = _scan(tar, shown(path))
     except FileNotFoundError:
-        raise SourceError(f"--archive {path}: no such file") from None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SourceError(f"--archive {path}: not a readable tar archive: {exc}") from None
+        raise SourceError(f"--archive {shown(path)}: no such file") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+        raise SourceError(f"--archive {shown(path)}: not a readable tar archive: "
+                          f"{exc}") from None
+    folders = sorted({full.split("/", 1)[0] for full in found})
+    if len(folders) != 1:
+        raise SourceError(f"--archive {shown(path)}: " + (
+            f"holds {' and '.join(folders)}: which to read is ambiguous" if folders else
+            f"holds none of the published layouts ({', '.join(LAYOUTS)}/...)"))
+    return folders[0], {full.split("/", 1)[1]: data for full, data in found.items()}
+
+
+def _scan(tar: tarfile.TarFile, archive: str) -> dict[str, bytes]:
+    """Every member of a layout in `LAYOUTS`, by its full path; other members are skipped
+    unread."""
+    found: dict[str, bytes] = {}
+    for member in tar:
+        full = member.name.removeprefix("./")
+        folder, _, base = full.partition("/")
+        layout = LAYOUTS.get(folder)
+        if layout is None or base not in layout.names + layout.batches:
+            continue
+        where = f"{archive}:{full}"
+        if full in found:
+            raise SourceError(f"{where}: the archive holds this member twice; which to read "
+                              "is ambiguous")
+        if not member.isreg():
+            raise SourceError(f"{where}: not a regular file (a link, folder or device); "
+                              "refused")
+        cap = MAX_NAMES_BYTES if base in layout.names else MAX_MEMBER_BYTES
+        if member.size > cap:
+            raise SourceError(f"{where}: declares {member.size} bytes, more than any CIFAR "
+                              f"member ({cap}); refused before reading it")
+        fh = tar.extractfile(member)
+        found[full] = fh.read() if fh is not None else b""
+    return found
 
 
 def _names(text: bytes, where: str) -> list[str]:
@@ -155,28 +285,29 @@ def _check_labels(y: np.ndarray, classes: int, where: str) -> None:
                           f"0..{classes - 1}")
 
 
-def _need(members: dict[str, bytes], name: str, path: str) -> bytes:
+def _need(members: dict[str, bytes], name: str, where: str) -> bytes:
     if name not in members:
-        raise SourceError(f"--archive {path}: no member {name!r} (it holds: "
-                          f"{', '.join(sorted(members)) or 'nothing'})")
+        raise SourceError(f"{where}/{name}: no such member (the folder holds: "
+                          f"{', '.join(sorted(members)) or 'nothing the recipe reads'})")
     return members[name]
 
 
-def _binary(members: dict[str, bytes], path: str, labels: str) -> Batches:
-    if "batches.meta.txt" in members:
-        classes = _names(members["batches.meta.txt"], f"{path}:batches.meta.txt")
-        parts = [_records(_need(members, f"data_batch_{i}.bin", path),
-                          f"{path}:data_batch_{i}.bin", 1, 0, len(classes)) for i in range(1, 6)]
-        val = _records(_need(members, "test_batch.bin", path), f"{path}:test_batch.bin", 1, 0,
+def _binary(members: dict[str, bytes], where: str, kind: str, labels: str) -> Batches:
+    if kind == "cifar10":
+        classes = _names(_need(members, "batches.meta.txt", where), f"{where}/batches.meta.txt")
+        parts = [_records(_need(members, f"data_batch_{i}.bin", where),
+                          f"{where}/data_batch_{i}.bin", 1, 0, len(classes)) for i in range(1, 6)]
+        val = _records(_need(members, "test_batch.bin", where), f"{where}/test_batch.bin", 1, 0,
                        len(classes))
         return Batches("cifar10", np.concatenate([p[0] for p in parts]),
                        np.concatenate([p[1] for p in parts]), *val, classes)
     names_file = f"{labels}_label_names.txt"
-    classes = _names(_need(members, names_file, path), f"{path}:{names_file}")
+    classes = _names(_need(members, names_file, where), f"{where}/{names_file}")
     index = 0 if labels == "coarse" else 1
-    train = _records(_need(members, "train.bin", path), f"{path}:train.bin", 2, index,
+    train = _records(_need(members, "train.bin", where), f"{where}/train.bin", 2, index,
                      len(classes))
-    val = _records(_need(members, "test.bin", path), f"{path}:test.bin", 2, index, len(classes))
+    val = _records(_need(members, "test.bin", where), f"{where}/test.bin", 2, index,
+                   len(classes))
     return Batches("cifar100", *train, *val, classes)
 
 
@@ -197,47 +328,61 @@ def _batch(data: bytes, where: str, label_key: str, classes: int
             or x.shape[1] != RECORD_PIXELS:
         raise SourceError(f"{where}: 'data' must be a uint8 array of shape (N, 3072), got "
                           f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
+    if x.nbytes > len(data) or (len(x) > 1 and 0 in x.strides):
+        raise SourceError(f"{where}: 'data' declares {x.nbytes} bytes of pixels, but the "
+                          f"member holds {len(data)}; refused")
     labels = _get(d, label_key, where)
     if not isinstance(labels, (list, np.ndarray)) or len(labels) != len(x) \
             or not all(isinstance(v, (int, np.integer)) for v in labels):
         raise SourceError(f"{where}: {label_key!r} must be {len(x)} integer labels")
-    y = np.asarray(labels, np.int64)
-    _check_labels(y, classes, where)
-    return np.ascontiguousarray(x).reshape(-1, *SHAPE), y
+    for i, v in enumerate(labels):
+        if not 0 <= v < classes:
+            raise SourceError(f"{where}: record {i} has label {_number(int(v))}, outside "
+                              f"0..{classes - 1}")
+    return np.ascontiguousarray(x).reshape(-1, *SHAPE), np.asarray(labels, np.int64)
+
+
+def _number(v: int) -> str:
+    """`v` in a message: its digits, or for a huge one its size (str() of it may refuse)."""
+    return str(v) if abs(v) < 10**18 else f"{'-' if v < 0 else ''}(a {v.bit_length()}-bit number)"
 
 
 def _label_names(meta: Any, key: str, where: str) -> list[str]:
     names = _get(meta, key, where)
     if not isinstance(names, list) or not all(isinstance(n, (bytes, str)) for n in names):
         raise SourceError(f"{where}: {key!r} must be a list of names")
-    return [n.decode("utf-8") if isinstance(n, bytes) else n for n in names]
+    try:
+        return [n.decode("utf-8") if isinstance(n, bytes) else n for n in names]
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{where}: {key!r}: a name that is not UTF-8: {exc}") from None
 
 
-def _python(members: dict[str, bytes], path: str, labels: str) -> Batches:
-    if "batches.meta" in members:
-        where = f"{path}:batches.meta"
-        classes = _label_names(safe_load(members["batches.meta"], where), "label_names", where)
-        parts = [_batch(_need(members, f"data_batch_{i}", path), f"{path}:data_batch_{i}",
+def _python(members: dict[str, bytes], where: str, kind: str, labels: str) -> Batches:
+    if kind == "cifar10":
+        meta = f"{where}/batches.meta"
+        classes = _label_names(safe_load(_need(members, "batches.meta", where), meta),
+                               "label_names", meta)
+        parts = [_batch(_need(members, f"data_batch_{i}", where), f"{where}/data_batch_{i}",
                         "labels", len(classes)) for i in range(1, 6)]
-        val = _batch(_need(members, "test_batch", path), f"{path}:test_batch", "labels",
+        val = _batch(_need(members, "test_batch", where), f"{where}/test_batch", "labels",
                      len(classes))
         return Batches("cifar10", np.concatenate([p[0] for p in parts]),
                        np.concatenate([p[1] for p in parts]), *val, classes)
-    where = f"{path}:meta"
-    classes = _label_names(safe_load(_need(members, "meta", path), where),
-                           f"{labels}_label_names", where)
+    meta = f"{where}/meta"
+    classes = _label_names(safe_load(_need(members, "meta", where), meta),
+                           f"{labels}_label_names", meta)
     key = f"{labels}_labels"
-    train = _batch(_need(members, "train", path), f"{path}:train", key, len(classes))
-    val = _batch(_need(members, "test", path), f"{path}:test", key, len(classes))
+    train = _batch(_need(members, "train", where), f"{where}/train", key, len(classes))
+    val = _batch(_need(members, "test", where), f"{where}/test", key, len(classes))
     return Batches("cifar100", *train, *val, classes)
 
 
 def read_archive(path: str, labels: str = "fine") -> Batches:
-    """The batches of a CIFAR-10/100 archive, binary or python version (told by its members)."""
-    members = _members(path)
-    binary = any(name.endswith(".bin") for name in members)
-    reader: Callable[[dict[str, bytes], str, str], Batches] = _binary if binary else _python
-    return reader(members, path, labels)
+    """The batches of a CIFAR-10/100 archive, binary or python version (told by its folder)."""
+    folder, members = _members(path)
+    layout = LAYOUTS[folder]
+    reader = _binary if layout.binary else _python
+    return reader(members, f"{shown(path)}:{folder}", layout.kind, labels)
 
 
 def cifar(path: str, labels: str = "fine") -> list[Source]:

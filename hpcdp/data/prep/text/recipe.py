@@ -43,6 +43,7 @@ import numpy as np
 
 from hpcdp import files
 from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep import bounded
 from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import tokenizer as tz
@@ -117,8 +118,9 @@ def line_spans(data: Any, file: int, lo: int, hi: int) -> list[Span]:
 class Corpus:
     """The listed files and this rank's documents in them."""
 
-    def __init__(self, paths: list[str], lines: bool, field: str = "text") -> None:
-        self.paths, self.lines, self.field = paths, lines, field
+    def __init__(self, paths: list[str], lines: bool, field: str = "text",
+                 limits: dc.Limits = dc.DEFAULT_LIMITS) -> None:
+        self.paths, self.lines, self.field, self.limits = paths, lines, field, limits
         self.kinds = [dc.kind_of(p) for p in paths]
         self.sizes = [os.path.getsize(p) for p in paths]
         self.starts = [int(s) for s in np.cumsum([0, *self.sizes])[:-1]]
@@ -150,13 +152,16 @@ class Corpus:
         for file, group in itertools.groupby(spans, key=lambda span: span.file):
             kind, path = self.kinds[file], self.paths[file]
             if kind == dc.JSONL_GZ:
-                yield from dc.gzip_texts(path, self.field)
+                yield from dc.gzip_texts(path, self.field, self.limits)
             elif kind == dc.PARQUET:
-                yield from dc.parquet_texts(path, self.field)
-            else:
-                read = self._records if kind == dc.JSONL else _decoded
+                yield from dc.parquet_texts(path, self.field, self.limits)
+            elif kind == dc.JSONL:
                 with self._map(file) as data:
-                    yield from read(path, data, group)
+                    yield from self._records(path, data, group)
+            else:
+                limit = self.limits if self.lines else None
+                with self._map(file) as data:
+                    yield from _decoded(path, data, group, limit)
 
     def _records(self, path: str, data: Any, spans: Iterator[Span]) -> Iterator[str]:
         """The non-empty documents of JSON Lines `spans` (lines, in order) of one file."""
@@ -164,14 +169,20 @@ class Corpus:
         for span in spans:
             line += data[counted : span.start].count(b"\n")
             counted = span.start
-            text = dc.record_text(data[span.start : span.stop], self.field,
-                                  f"{path}: line {line}")
+            where = f"{bounded.shown(path)}: line {line}"
+            self.limits.check_record(span.stop - span.start, where)
+            text = dc.record_text(data[span.start : span.stop], self.field, where)
             if text:
                 yield text
 
 
-def _decoded(path: str, data: Any, spans: Iterator[Span]) -> Iterator[str]:
+def _decoded(path: str, data: Any, spans: Iterator[Span], limits: dc.Limits | None
+             ) -> Iterator[str]:
+    """Text spans as UTF-8; with `limits` (``--lines``), each line within the record limit."""
     for span in spans:
+        if limits is not None:
+            limits.check_record(span.stop - span.start,
+                                f"{bounded.shown(path)}: byte offset {span.start}")
         raw = data[span.start : span.stop]
         try:
             yield raw.decode("utf-8")
@@ -293,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the end-of-document token of a BPE or tokenizer.json")
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="documents for val.h5, evenly spread (0: no val.h5)")
+    p.add_argument("--max-record-bytes", type=int, default=dc.Limits.record_bytes,
+                   help="the longest JSON Lines record, Parquet value or --lines line "
+                        "accepted (default: 64 MiB); see docs/input-checks.md")
+    p.add_argument("--max-expansion", type=int, default=dc.Limits.expansion,
+                   help="gzip and Parquet files: at most this many times their size (at least "
+                        "64 KiB) in documents (default: 100)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     return p
 
@@ -319,7 +336,12 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
     if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
         raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
                                 "or 'bpe')")
-    corpus = Corpus(expand_files(args.files), args.lines, args.field)
+    for option, value in (("--max-record-bytes", args.max_record_bytes),
+                          ("--max-expansion", args.max_expansion)):
+        if value < 1:
+            raise tw.TokenPrepError(f"{option} must be at least 1, got {value}")
+    corpus = Corpus(expand_files(args.files), args.lines, args.field,
+                    dc.Limits(args.max_record_bytes, args.max_expansion))
     for path, kind in zip(corpus.paths, corpus.kinds):
         if kind == dc.PARQUET:
             dc.require_pyarrow(path)
