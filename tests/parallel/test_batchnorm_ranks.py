@@ -43,9 +43,10 @@ def final_state(run: Path) -> dict:
     return ck.decode(found.data, str(found.path))
 
 
-def val_records(run: Path) -> list[dict]:
+def metrics(run: Path, kind: str) -> list[tuple]:
+    """(step, loss, acc) of each `kind` record in metrics.jsonl (timings differ by run)."""
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "val"]
+    return [(r["step"], r["loss"], r["acc"]) for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -67,7 +68,10 @@ def test_resumed_run_ends_bitwise_as_the_uninterrupted_one_and_eval_agrees(
     summary = json.loads((full / "summary.json").read_text())
     resumed = json.loads((cut / "summary.json").read_text())
     assert (resumed["val_loss"], resumed["val_acc"]) == (summary["val_loss"], summary["val_acc"])
-    assert [r["loss"] for r in val_records(cut)] == [r["loss"] for r in val_records(full)]
+    assert metrics(cut, "val") == metrics(full, "val")
+    # Training windows cut by a stop carry on from the checkpoint's metric sums.
+    assert metrics(cut, "train") == metrics(full, "train")
+    assert [step for step, *_ in metrics(full, "train")] == [3, 6, 9, 12]
     # The final checkpoint scored by `hpcdp eval` on 1 and on 2 ranks: the run's numbers.
     for np_ in (1, 2):
         target = tmp_path / f"eval{np_}.json"
