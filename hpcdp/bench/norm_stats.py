@@ -7,7 +7,8 @@ and times blocks of `train_step` with the per-step average of the running
 statistics (hpcdp.train.norm_stats) on and off in turn, on the same model and
 data, each side first in every other block: both sides share whatever load the
 machine has, block by block, so the median of the per-block ratios is the cost
-even where step times move a lot. Rank 0 prints one JSON line.
+even where step times move a lot. Then the average alone, many times: its
+median is what it can add to a step at most. Rank 0 prints one JSON line.
 """
 
 from __future__ import annotations
@@ -60,7 +61,19 @@ def summarize(rows: list[tuple[float, float]]) -> dict[str, Any]:
         raise ValueError("no timed blocks")
     return {"blocks": len(rows), "on_step_ms": statistics.median(r[0] for r in rows),
             "off_step_ms": statistics.median(r[1] for r in rows),
-            "ratio": statistics.median(r[0] / r[1] for r in rows)}
+            "ratio": statistics.median(r[0] / r[1] for r in rows),
+            "ratios": [round(r[0] / r[1], 4) for r in rows]}
+
+
+def alone(stats: Any, n: int) -> float:
+    """Median ms of the average by itself (copy out, all-reduce, copy back), without a
+    step to overlap: what it adds to a step at most, apart from the machine's noise."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        stats.start()()
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
 
 
 def measure(args: argparse.Namespace, run_dir: str) -> dict[str, Any] | None:
@@ -94,7 +107,8 @@ def measure(args: argparse.Namespace, run_dir: str) -> dict[str, Any] | None:
         t_second = block(not first, args.steps)
         rows.append((t_first, t_second) if first else (t_second, t_first))
     result = {"model": cfg.model.name, "ranks": run.size, "stats_bytes": stats.nbytes,
-              "steps_per_block": args.steps, **summarize(rows)}
+              "steps_per_block": args.steps, **summarize(rows),
+              "average_alone_ms": alone(stats, args.blocks * args.steps)}
     return result if run.root else None
 
 
