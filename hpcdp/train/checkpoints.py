@@ -119,6 +119,12 @@ def not_written_error(path: Path, error: Exception, folder: Path) -> str:
             "folder) and rerun the same command to resume")
 
 
+def holds_tensors(optimizers: list[Any]) -> bool:
+    """Whether any optimizer keeps tensors per parameter (momentum, Adam's moments)."""
+    return any(hasattr(v, "shape") for opt in optimizers for st in opt.state.values()
+               for v in st.values())
+
+
 # --------------------------------------------------------------------------- the manager
 
 
@@ -302,6 +308,10 @@ class CheckpointManager:
             seed_everything(run.cfg.run.seed + run.rank + 1_000_003 * int(state["step"]))
         sums = state.get("metric_sums") or []  # another world size: the window starts afresh
         self.metric_sums = sums[run.rank] if len(sums) == run.size else None
+        if run.cfg.horovod.op == "adasum" and run.size > 1 and holds_tensors(run.optimizers):
+            log.warning("horovod.op=adasum: each rank's optimizer state (momentum, moments) "
+                        "grew from its own gradients; the checkpoint holds rank 0's, which every "
+                        "rank resumes from, so this run departs from an uninterrupted one")
         step = int(state["step"])
         train = state.get("train") or {}
         return TrainState(step, int(state["epoch"]),

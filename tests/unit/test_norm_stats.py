@@ -38,3 +38,4 @@ def test_one_flat_buffer_of_one_dtype() -> None:
     mixed = [torch.zeros(3), torch.zeros(3, dtype=torch.float64)]
     with pytest.raises(ValueError, match="several dtypes or devices"):
         ns.NormStats(mixed)
+
