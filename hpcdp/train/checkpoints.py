@@ -308,7 +308,8 @@ class CheckpointManager:
             seed_everything(run.cfg.run.seed + run.rank + 1_000_003 * int(state["step"]))
         sums = state.get("metric_sums") or []  # another world size: the window starts afresh
         self.metric_sums = sums[run.rank] if len(sums) == run.size else None
-        if run.cfg.horovod.op == "adasum" and run.size > 1 and holds_tensors(run.optimizers):
+        if self.root and run.cfg.horovod.op == "adasum" and run.size > 1 \
+                and holds_tensors(run.optimizers):
             log.warning("horovod.op=adasum: each rank's optimizer state (momentum, moments) "
                         "grew from its own gradients; the checkpoint holds rank 0's, which every "
                         "rank resumes from, so this run departs from an uninterrupted one")
