@@ -292,6 +292,21 @@ def start_allreduce_max_int(value: int, name: str) -> Callable[[], int]:
     return wait
 
 
+def start_average_(t: torch.Tensor, name: str) -> Callable[[], None]:
+    """Start averaging `t` over the ranks in place; returns a function that waits for it.
+
+    Every rank receives the same reduced values, so the ranks hold bitwise-equal
+    copies afterwards."""
+    with waiting(f"allreduce {name} (start)"):
+        handle = hvd.allreduce_async_(t, op=hvd.Average, name=name)
+
+    def wait() -> None:
+        with waiting(f"allreduce {name}"):
+            hvd.synchronize(handle)
+
+    return wait
+
+
 def abort_job(code: int = 1) -> None:
     """End every rank of the job now: MPI_Abort under MPI, else exit (the launcher reaps)."""
     sys.stdout.flush()

@@ -3,8 +3,8 @@
 The file format (checksummed, atomic) is hpcdp.train.checkpoint_files's; the policy is here:
 
 - what a checkpoint holds is built in one place (`CheckpointManager.state`):
-  model, optimizers, scaler, reader position, train state, every rank's RNG,
-  the config and the schedule;
+  model, optimizers, scaler, reader position, train state, every rank's RNG
+  and training-metric sums since the last report, the config and the schedule;
 - keep-k: after each write the newest `checkpoint.keep` files stay. A file that
   fails verification is moved aside as `*.corrupt` when a run looks for its
   checkpoint, so it never holds a slot that a good one needs;
@@ -119,6 +119,12 @@ def not_written_error(path: Path, error: Exception, folder: Path) -> str:
             "folder) and rerun the same command to resume")
 
 
+def holds_tensors(optimizers: list[Any]) -> bool:
+    """Whether any optimizer keeps tensors per parameter (momentum, Adam's moments)."""
+    return any(hasattr(v, "shape") for opt in optimizers for st in opt.state.values()
+               for v in st.values())
+
+
 # --------------------------------------------------------------------------- the manager
 
 
@@ -133,6 +139,8 @@ class CheckpointManager:
         self.root = root
         self.trust = ckpt.Trust(cfg.checkpoint.allow_group_write,
                                 cfg.checkpoint.strict_permissions)
+        # This rank's training-metric sums from the checkpoint resumed (MetricSums), or None
+        self.metric_sums: dict[str, Any] | None = None
 
     def due(self, step: int, total_steps: int, stopping: bool) -> bool:
         """Whether to write a checkpoint after `step` (the same answer on every rank)."""
@@ -141,7 +149,8 @@ class CheckpointManager:
     def path(self, step: int) -> Path:
         return ckpt.step_path(self.folder, step)
 
-    def state(self, run: Run, train: TrainState, rngs: list[Any]) -> dict[str, Any]:
+    def state(self, run: Run, train: TrainState, rngs: list[Any],
+              metric_sums: list[Any]) -> dict[str, Any]:
         """Everything a checkpoint holds: the one place its contents are decided."""
         return {
             "format": FORMAT, "task": run.cfg.task.name, "model_name": run.cfg.model.name,
@@ -152,14 +161,16 @@ class CheckpointManager:
             "scaler": run.scaler.state_dict() if run.scaler is not None else None,
             "reader": run.train_reader.state_dict(),
             "schedule": dataclasses.asdict(run.schedule),
-            "rng": rngs, "config": run.cfg.to_dict(), "world_size": run.size,
+            "rng": rngs, "metric_sums": metric_sums,
+            "config": run.cfg.to_dict(), "world_size": run.size,
             "time": time.time(),
         }
 
     # -- saving -------------------------------------------------------------------------
 
-    def save(self, run: Run, train: TrainState) -> tuple[Path, str | None]:
-        """Collective (every rank's RNG is gathered); rank 0 alone writes the file.
+    def save(self, run: Run, train: TrainState,
+             metric_sums: dict[str, Any] | None = None) -> tuple[Path, str | None]:
+        """Collective (every rank's RNG and metric sums are gathered); rank 0 alone writes.
 
         A failed write (a full disk, a quota) stops the run on every rank with an
         error: a job that cannot checkpoint would lose all further work at its time
@@ -168,11 +179,12 @@ class CheckpointManager:
         a warning when something after the write failed (the file is complete).
         """
         watchdog.section("checkpoint")
-        rngs = dist.allgather_object(ckpt.rng_state(), "hpcdp.rng")
+        every = dist.allgather_object((ckpt.rng_state(), metric_sums), "hpcdp.rng")
         path, error, note = self.path(train.step), None, None
         if self.root:
             try:
-                note = self.write(path, self.state(run, train, rngs))
+                state = self.state(run, train, [r for r, _ in every], [m for _, m in every])
+                note = self.write(path, state)
             except (OSError, ckpt.CheckpointError) as e:
                 error = not_written_error(path, e, self.folder)
         dist.agree(error, "save")
@@ -294,6 +306,13 @@ class CheckpointManager:
             ckpt.set_rng_state(rngs[run.rank])
         else:  # another world size: fresh, distinct, reproducible streams per rank
             seed_everything(run.cfg.run.seed + run.rank + 1_000_003 * int(state["step"]))
+        sums = state.get("metric_sums") or []  # another world size: the window starts afresh
+        self.metric_sums = sums[run.rank] if len(sums) == run.size else None
+        if self.root and run.cfg.horovod.op == "adasum" and run.size > 1 \
+                and holds_tensors(run.optimizers):
+            log.warning("horovod.op=adasum: each rank's optimizer state (momentum, moments) "
+                        "grew from its own gradients; the checkpoint holds rank 0's, which every "
+                        "rank resumes from, so this run departs from an uninterrupted one")
         step = int(state["step"])
         train = state.get("train") or {}
         return TrainState(step, int(state["epoch"]),

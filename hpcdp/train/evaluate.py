@@ -47,6 +47,22 @@ class MetricSums:
         for m in self.gathered:
             self.rows[m.name].append(measured[m.name].detach().cpu())
 
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's sums since the last report: a checkpoint keeps every rank's, so a
+        resumed run's first report covers the same steps as the uninterrupted run's."""
+        return {"sums": self.sums.detach().cpu().clone(), "count": self.count,
+                "samples": self.samples, "rows": {k: list(v) for k, v in self.rows.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if tuple(state["sums"].shape) != tuple(self.sums.shape) or set(state["rows"]) != set(
+                self.rows):
+            raise ValueError(f"metric sums for {len(state['sums'])} metrics and rows "
+                             f"{sorted(state['rows'])}; this task reports "
+                             f"{len(self.scalars)} and {sorted(self.rows)}")
+        self.sums.copy_(state["sums"])
+        self.count, self.samples = state["count"], state["samples"]
+        self.rows = {k: list(v) for k, v in state["rows"].items()}
+
     def reduce(self, kind: str) -> dict[str, Any]:
         """Collective: every metric over all ranks, plus "samples"; then start afresh."""
         totals = dist.allreduce_sum([*self.sums.tolist(), self.count, self.samples],

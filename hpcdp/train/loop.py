@@ -141,6 +141,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
     """Train until the last step, a stop or preemption; validate at each epoch's end."""
     cfg, reader, out = run.cfg, run.train_reader, Outcome()
     window, sums = StepTimes(), MetricSums(run.task.metrics, run.device, training=True)
+    resume_window(sums, ckpts.metric_sums)
     carrier = flag_carrier(run.optimizers, run.size)
     run.model.train()
     while state.step < run.total_steps and out.stop is None:
@@ -163,7 +164,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
             window.comm += time.perf_counter() - t0
             if ckpts.due(state.step, run.total_steps, out.stop is not None):
                 t0 = time.perf_counter()
-                save(ckpts, run, state, rep)                      # collective: hpcdp.rng, save
+                save(ckpts, run, state, rep, sums)                # collective: hpcdp.rng, save
                 out.excluded += window.exclude(time.perf_counter() - t0)
             if out.stop:
                 break
@@ -204,8 +205,20 @@ def agree_stop(preempt: Any, hooks: Hooks, step: int, carrier: Any = None) -> st
     return hooks.stop_reason(step)
 
 
-def save(ckpts: CheckpointManager, run: setup.Run, state: TrainState, rep: Reporter) -> None:
-    path, note = ckpts.save(run, state)
+def resume_window(sums: MetricSums, saved: dict[str, Any] | None) -> None:
+    """The training-metric sums a checkpoint cut short, so the first report after a resume
+    covers the steps the uninterrupted run's does (the same outcome on every rank)."""
+    if saved is None:
+        return
+    try:
+        sums.load_state_dict(saved)
+    except (KeyError, ValueError) as e:
+        log.warning(f"training metrics start afresh after the resume: {e}")
+
+
+def save(ckpts: CheckpointManager, run: setup.Run, state: TrainState, rep: Reporter,
+         sums: MetricSums) -> None:
+    path, note = ckpts.save(run, state, sums.state_dict())
     if note:
         log.warning(note)
     rep.info(f"checkpoint written: {path}")

@@ -24,6 +24,7 @@ from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 from hpcdp.tasks import Dataset, Task, read_options
 from hpcdp.train import accel
 from hpcdp.train import schedule as sched
+from hpcdp.train.norm_stats import NormStats, averaged_stats
 
 log = logging.getLogger("hpcdp.train")
 
@@ -54,6 +55,8 @@ class Run:
     # data.stage_dir makes them node-local copies (hpcdp.data.staging.collective)
     data_paths_read: dict[str, dict[str, str]] = field(default_factory=dict)
     channels_last: bool = False  # image batches go to the model in NHWC (hpcdp.train.accel)
+    # BatchNorm running statistics averaged over ranks after each step (hpcdp.train.norm_stats)
+    norm_stats: NormStats | None = None
 
     @property
     def accum(self) -> int:
@@ -326,4 +329,4 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
         total_steps = min(total_steps, cfg.run.max_steps)
     return Run(cfg, task, device, rank, size, batch, train_reader, val_reader, net, optimizers,
                scaler, schedule(cfg, steps_per_epoch, batch, size), steps_per_epoch, total_steps,
-               channels_last=channels_last)
+               channels_last=channels_last, norm_stats=averaged_stats(net, size))

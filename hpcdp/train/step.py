@@ -1,8 +1,9 @@
 """One optimizer step: forward, loss, backward over the accumulated batches, the update.
 
-Also where the NaN policy (`run.on_nan`) is applied.
-No collective of its own: the gradient all-reduces run inside the optimizer
-wrappers (hooks during backward, then `synchronize()`).
+Also where the NaN policy (`run.on_nan`) is applied. The gradient all-reduces
+run inside the optimizer wrappers (hooks during backward, then `synchronize()`);
+the step's one collective of its own averages the BatchNorm running statistics
+(hpcdp.train.norm_stats), so that every rank holds the same after every step.
 """
 
 from __future__ import annotations
@@ -71,11 +72,14 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
         t_compute += time.perf_counter() - t1
     t2 = time.perf_counter()
     watchdog.enter_collective("allreduce gradients")  # waits for what backward sent
+    agree_stats = run.norm_stats.start() if run.norm_stats else None  # collective: BN stats
     if run.cfg.horovod.op == "adasum" and run.size > 1:
         for opt in run.optimizers:  # step() waits for the combined deltas and applies them
             opt.step()
         if not finite(p.data for p in parameters(run.model)):
             raise nonfinite(step, run.cfg, "weights after an Adasum step", can_skip=False)
+        if agree_stats:
+            agree_stats()
         return t_data, t_compute, time.perf_counter() - t2
     if run.size > 1:  # one rank's optimizers are unwrapped (setup.distributed)
         for opt in run.optimizers:
@@ -83,9 +87,13 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
     t3 = time.perf_counter()
     watchdog.phase("optimizer")
     update(run, step)
+    t4 = time.perf_counter()
+    if agree_stats:
+        agree_stats()  # the averaged statistics in place before the next forward pass
+    t5 = time.perf_counter()
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
-    return t_data, t_compute + time.perf_counter() - t3, t3 - t2
+    return t_data, t_compute + t4 - t3 + time.perf_counter() - t5, t3 - t2 + t5 - t4
 
 
 def update(run: Run, step: int) -> None:

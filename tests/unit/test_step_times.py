@@ -23,7 +23,7 @@ def test_data_time_ends_with_the_batch_on_the_device(monkeypatch) -> None:
     monkeypatch.setattr(step, "forward_backward", slow_compute)
     monkeypatch.setattr(step, "update", lambda run, n: None)
     run = SimpleNamespace(optimizers=[], accum=1, size=1, device=torch.device("cpu"),
-                          channels_last=False,
+                          channels_last=False, norm_stats=None,
                           task=SimpleNamespace(prepare=slow_prepare),
                           cfg=SimpleNamespace(horovod=SimpleNamespace(op="average")))
     data, compute, comm = step.train_step(run, iter(["batch"]), 0.1, sums=None, step=0)
