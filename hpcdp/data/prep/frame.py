@@ -267,7 +267,8 @@ def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
         say(comm, prog, f"error: {exc}")
         code = EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc}")
+        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc} (the blocks "
+                        "completed are kept: the same command with --resume continues)")
         if comm.size > 1:
             comm.Abort(EXIT_WRITE_FAILED)
         code = EXIT_WRITE_FAILED
@@ -384,6 +385,17 @@ def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayo
             mpio_write(dset, at, rows, collective)
     if progress is not None and data:
         progress.advance(len(data[first]))
+
+
+def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> None:
+    """Collective: in a resumed run, rank 0 says how many of `split`'s blocks were done."""
+    if not parts.resumed:
+        return
+    done = allreduce(comm, sum(parts.done(split, i) for i in blocks))
+    total = allreduce(comm, len(blocks))
+    if comm.rank == 0:
+        print(f"{prog}: {split}: resuming: {done} of {total} blocks already done",
+              file=sys.stderr, flush=True)
 
 
 def add_common_options(parser: argparse.ArgumentParser, blocks: bool = True) -> None:
