@@ -1,5 +1,5 @@
-"""A preparation killed mid-way (SIGKILL to the launcher and its ranks, as a time limit does)
-and started again with --resume writes the files an uninterrupted run writes."""
+"""The frame's recipes on several ranks: the files of one rank on 3 and 8 ranks, and after a
+kill mid-way (SIGKILL to the launcher and its ranks, as a time limit does) and --resume."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ PREP = [sys.executable, "-m", "hpcdp.data.prep.cli"]
 RECIPES = {
     "synthetic": ["synthetic", "--samples", "6000", "--shape", "3,16,16", "--val-samples",
                   "1000", "--block-mib", "0.02"],
-    "clicks": ["clicks", "--rows", "30000", "--val-rows", "3000", "--users", "50",
+    "clicks": ["clicks", "--rows", "20000", "--val-rows", "2000", "--users", "50",
                "--items", "40", "--max-table", "500", "--block-mib", "0.02"],
 }
 
@@ -96,3 +96,21 @@ def test_killed_then_resumed_writes_what_one_run_writes(ranks, tmp_path: Path, c
     resumed = ranks(PREP, *args, "--out", str(out), "--resume", np=2, timeout=120)
     assert f"train: resuming: {killed_parts} of " in resumed.output, resumed.describe()
     same_files(tmp_path / "whole", out)  # and no work folder, no temporary left
+
+
+#: Small blocks, so that some ranks have several blocks and some none.
+SMALL = {
+    "synthetic": ["synthetic", "--samples", "700", "--shape", "5,3", "--dtype", "float32",
+                  "--val-samples", "90", "--chunk-mib", "0.001", "--block-mib", "0.002"],
+    "markov": ["markov", "--docs", "5000", "--val-docs", "1500", "--block-mib", "0.2"],
+}
+
+
+@pytest.mark.parametrize(("recipe", "np_"), [("synthetic", 3), ("synthetic", 8),
+                                             ("markov", 3)])
+def test_any_number_of_ranks_writes_what_one_writes(ranks, tmp_path: Path, recipe: str,
+                                                    np_: int) -> None:
+    args = SMALL[recipe]
+    assert prep.main([*args, "--out", str(tmp_path / "one")]) == 0
+    ranks(PREP, *args, "--out", str(tmp_path / "many"), np=np_, timeout=120)
+    same_files(tmp_path / "one", tmp_path / "many")
