@@ -50,7 +50,7 @@ from hpcdp.data.format.samples import (  # noqa: F401  (re-exported for the reci
 )
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, plan_items, rank_blocks
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.frame import (
     EXIT_BAD_INPUT,
     EXIT_WRITE_FAILED,
@@ -121,11 +121,6 @@ def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> dict[
     return dsets
 
 
-def block_rows(chunk: int, sample_bytes: int, block_bytes: int) -> int:
-    """Samples per block: whole chunks, about `block_bytes` (so no two ranks share a chunk)."""
-    return chunk * max(1, block_bytes // max(1, chunk * sample_bytes))
-
-
 def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: range,
                 opts: WriteOptions, comm: Any) -> None:
     """Collective: this rank's blocks of `source` as parts (those not done by an earlier
@@ -147,8 +142,9 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
     file from every rank's parts (under a temporary name); return the final path."""
     final = os.path.join(out_dir, f"{source.name}.h5")
     chunk = chunk_rows(source.sample_bytes, source.num_samples, opts.chunk_bytes)
-    blocks = plan_items(source.num_samples,
-                        block_rows(chunk, source.sample_bytes, opts.block_bytes))
+    # whole chunks a block, so that no two ranks write into one chunk
+    blocks = plan_items(source.num_samples, items_per_block(
+        source.sample_bytes, opts.block_bytes, source.num_samples, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
     save_blocks(source, parts, blocks, mine, opts, comm)
     bar = frame.Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)

@@ -33,7 +33,7 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, plan_items, rank_blocks
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.clicks import synth as ck
 from hpcdp.data.prep.parts import Parts
 from hpcdp.runtime.crash import report_crashes
@@ -121,7 +121,7 @@ def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any, p
     when complete); return the path."""
     final = os.path.join(out, f"{split}.h5")
     chunk = samples.chunk_rows(ROW_BYTES, n, chunk_bytes)
-    blocks = plan_items(n, chunk * max(1, block_bytes // (chunk * ROW_BYTES)))
+    blocks = plan_items(n, items_per_block(ROW_BYTES, block_bytes, n, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
     save_blocks(world, split, blocks, mine, parts, comm)
     attrs = computed_attrs(split, n, parts, mine, len(blocks), comm)
