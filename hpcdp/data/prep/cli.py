@@ -1,22 +1,24 @@
-"""`hpcdp prep SOURCE --out DIR`: write a source's splits as chunked, samples-first HDF5.
+"""`hpcdp prep RECIPE --out DIR`: every recipe's command; the sample sources' recipes here.
 
-Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``: with
-several ranks every rank writes its own chunk-aligned slab of ONE file through
-parallel HDF5 (driver ``mpio``). File creation, dataset creation, attributes
-and close are collective; every rank makes the same number of data writes
-(some empty). The data transfer is independent MPI-IO by default: each rank's
-slab is contiguous, and collective two-phase I/O made 2 ranks on a shared
-2-core machine about 1.8x slower than 1 (ranks wait for each other every
-round); ``--mpio collective`` switches it on for file systems where
-aggregation pays. With compression, rank 0 writes alone: parallel HDF5 1.10
-cannot reliably write filtered datasets through MPI-IO.
+`arrays`, `digits`, `cifar` and `synthetic` are sources of fixed-shape samples
+(`hpcdp.data.prep.arrays`), run here; the other recipes (`RECIPES`) have modules of their
+own, to which `main` hands the command line. All run in the frame of
+`hpcdp.data.prep.frame` (docs/prep.md): blocks of whole chunks saved as parts by the
+ranks, then ONE file per split written from them through parallel HDF5 (driver
+``mpio``). File creation, dataset creation, attributes and close are collective; every
+rank makes the same number of data writes (some empty). The data transfer is independent
+MPI-IO by default: each block is contiguous, and collective two-phase I/O made 2 ranks on
+a shared 2-core machine about 1.8x slower than 1 (ranks wait for each other every
+round); ``--mpio collective`` switches it on for file systems where aggregation pays.
+With compression, rank 0 writes alone: parallel HDF5 1.10 cannot reliably write filtered
+datasets through MPI-IO.
 
 Each file is written under a temporary name and renamed when complete, so a
 failed run never clobbers an existing good file; a file already there is
 replaced only with ``--overwrite``. Bad input (that refusal included) is
 detected on every rank and agreed on (an all-gather of errors) before any
 collective file operation, so every rank prints the problem and exits 2 with
-nothing written.
+nothing written. A stopped run continues with ``--resume``.
 """
 
 from __future__ import annotations
