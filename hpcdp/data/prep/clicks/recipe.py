@@ -1,8 +1,10 @@
 """Write the synthetic click log (`hpcdp.data.prep.clicks.synth`) as OUT/train.h5 and OUT/val.h5.
 
-Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``: every rank
-generates and writes its own chunk-aligned slab of each file through parallel
-HDF5, as `hpcdp.data.prep.cli` does for samples. Each file holds three row-aligned
+Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``, in the frame of
+`hpcdp.data.prep.frame` (docs/prep.md): every rank generates its blocks of whole chunks
+as parts, then all write each file from the parts through parallel HDF5; the
+validation AUCs are computed on rank 0 alone from the parts. Each file holds three
+row-aligned
 datasets, chunked alike (the same rows per chunk, so that a reader's whole-chunk
 reads line up across them):
 
@@ -16,7 +18,8 @@ can be built from the data), ``field_names``, ``dense_features``, ``click_rate``
 and, on the validation file, ``oracle_auc`` and ``baseline_auc``.
 
 An existing output is never replaced unless ``--overwrite`` is given; bad options
-are agreed on by every rank before any collective file operation.
+are agreed on by every rank before any collective file operation; a stopped run
+continues with ``--resume``.
 """
 
 from __future__ import annotations

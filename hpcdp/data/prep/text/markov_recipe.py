@@ -1,10 +1,11 @@
-"""`datasets/markov.py --out DIR`: the Markov-chain corpus as token files train.h5, val.h5.
+"""`hpcdp prep markov --out DIR`: the Markov-chain corpus as token files train.h5, val.h5.
 
-Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``: each rank draws
-its share of the documents (whole blocks of `markov.DOCS_PER_BLOCK`, each from
-its own seed, so the corpus is the same on any number of ranks) and all write
-one file per split (`hpcdp.data.prep.text.writer`). Both files carry the chain's
-entropy rate as the attribute ``entropy_rate_nats``: the loss no model can beat.
+Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``, in the frame of
+`hpcdp.data.prep.frame` (docs/prep.md): each rank draws its blocks of documents
+(whole batches of `markov.DOCS_PER_BLOCK`, each from its own seed, so the corpus is
+the same on any number of ranks) as parts, and all write one file per split from
+them. Both files carry the chain's entropy rate as the attribute
+``entropy_rate_nats``: the loss no model can beat.
 """
 
 from __future__ import annotations
