@@ -130,11 +130,12 @@ def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: ran
     frame.resume_note(comm, PROG, parts, source.name, mine)
     bar = frame.Progress(comm, f"{source.name}: samples", source.num_samples, "samples", PROG)
     for i in mine:
-        if not parts.done(source.name, i):
+        resumed = parts.done(source.name, i)
+        if not resumed:
             xs, ys = source.slab(blocks[i].start, blocks[i].stop)
             labels = {"y": ys} if opts.y_name and source.has_labels else {}
             parts.save(source.name, i, x=xs, **labels)
-        bar.advance(len(blocks[i]))
+        bar.advance(len(blocks[i]), resumed)
     bar.close()
 
 

@@ -93,11 +93,12 @@ def save_blocks(world: ck.ClickWorld, split: str, blocks: list[range], mine: ran
     frame.resume_note(comm, PROG, parts, split, mine)
     bar = frame.Progress(comm, f"{split}: rows", blocks[-1].stop if blocks else 0, "rows", PROG)
     for i in mine:
-        if not parts.done(split, i):
+        resumed = parts.done(split, i)
+        if not resumed:
             rows = world.rows(split, blocks[i].start, blocks[i].stop)
             extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
             parts.save(split, i, dense=rows.dense, sparse=rows.sparse, label=rows.label, **extra)
-        bar.advance(len(blocks[i]))
+        bar.advance(len(blocks[i]), resumed)
     bar.close()
 
 

@@ -111,10 +111,11 @@ def save_blocks(chain: MarkovChain, args: argparse.Namespace, split_id: int, spl
     frame.resume_note(comm, PROG, parts, split, mine)
     bar = frame.Progress(comm, f"{split}: documents", blocks[-1].stop, "docs", PROG)
     for i in mine:
-        if not parts.done(split, i):
+        resumed = parts.done(split, i)
+        if not resumed:
             tokens, ends = draw_block(chain, args.seed, split_id, blocks[i], dtype)
             parts.save(split, i, tokens=tokens, doc_offsets=ends)
-        bar.advance(len(blocks[i]))
+        bar.advance(len(blocks[i]), resumed)
     bar.close()
 
 
