@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,11 +19,13 @@ import numpy as np
 import pytest
 
 from hpcdp.data.prep.clicks import criteo_recipe as criteo_prep
+from hpcdp.data.prep.clicks import criteo_synth as cs
 from hpcdp.runtime.launcher import kill_group, launch_command, rank_environment
 
 pytestmark = pytest.mark.parallel
 
 SCRIPT = [sys.executable, str(Path(__file__).resolve().parents[2] / "datasets" / "criteo.py")]
+RSS_WORKER = "criteo_rss"
 #: What the recipe wrote for `logs(seed=7)` before it streamed (one rank, the whole share in
 #: memory, the vocabulary all-gathered): the ids must not change.
 BEFORE = {"--min-count": {"train": "398031da1daa8b0a8f35", "val": "10e683bcc0745b041247"},
@@ -155,3 +158,28 @@ def test_a_killed_run_resumes_to_the_same_files(ranks, tmp_path: Path, rule: str
     assert not (out / ".hpcdp-prep").exists()
     for split in ("train.h5", "val.h5"):
         assert digest(tmp_path / "whole" / split) == digest(out / split), split
+
+
+#: Small vocabularies, so that what grows with the rows is what the recipe holds of them.
+SMALL_FIELDS = tuple(min(c, 5_000) for c in cs.TERABYTE_LIKE)
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_peak_memory_does_not_grow_with_the_rows(ranks, tmp_path: Path, rule: str) -> None:
+    """8x the rows: each rank's peak grows by far less than the rows it held before streaming
+    (about 740 bytes a row), and stays within 1.25x."""
+    spec = cs.ScaleSpec(cardinalities=SMALL_FIELDS)
+    peaks = {}
+    for rows in (20_000, 160_000):
+        logs = tmp_path / f"logs{rows}"
+        logs.mkdir()
+        cs.write_scale(spec, "train", rows, [str(logs / "day_0.txt")])
+        cs.write_scale(spec, "val", 1000, [str(logs / "val.txt")])
+        run = ranks(RSS_WORKER, "--files", str(logs / "day_0.txt"), "--val-files",
+                    str(logs / "val.txt"), *RULES[rule], "--block-mib", "1", "--out",
+                    str(tmp_path / f"out{rows}"), np=2, timeout=120)
+        peaks[rows] = [int(kib) / 1024 for kib in re.findall(r"maxrss_kib (\d+)", run.output)]
+        assert len(peaks[rows]) == 2, run.describe()
+    held_before = 740 * 140_000 / 2 / 2**20  # MiB a rank held more at 8x, before streaming
+    for small, big in zip(peaks[20_000], peaks[160_000]):
+        assert big - small < held_before / 4 and big < 1.25 * small, peaks
