@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common
+from hpcdp.bench import common, prep_criteo
 from hpcdp.bench.reader import result_path
 from hpcdp.cliargs import parse_args
 from hpcdp.runtime.launcher import run_ranks
@@ -39,6 +39,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--criteo" in raw:  # the Criteo recipe's memory at scale: its own module
+        return prep_criteo.main([a for a in raw if a != "--criteo"])
     p = argparse.ArgumentParser(prog="hpcdp bench prep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100_000)
@@ -48,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results/prep.json",
                    help="JSON file, or a folder to write prep.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when 2 ranks are slower")
-    args = parse_args(p, argv)
+    p.add_argument("--criteo", action="store_true",
+                   help="instead: the Criteo recipe's peak memory per rank at 1x and 8x the "
+                        "rows (hpcdp.bench.prep_criteo; its options: --criteo --help)")
+    args = parse_args(p, raw)
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-prep-") as tmp:
         for i in range(args.rounds):
