@@ -147,8 +147,9 @@ def kill_midway(argv: list[str], out: Path, parts: int, np_: int = 2) -> None:
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_a_killed_run_resumes_to_the_same_files(ranks, tmp_path: Path, rule: str) -> None:
-    args = [*logs(tmp_path / "logs"), *RULES[rule], "--block-mib", "0.004"]
+    args = [*logs(tmp_path / "logs"), *RULES[rule]]
     assert criteo_prep.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    args += ["--block-mib", "0.004"]  # many blocks, to be killed among them
     out = tmp_path / "out"
     kill_midway([*SCRIPT, *args, "--out", str(out)], out, parts=40)
     assert not (out / "train.h5").exists() and parts_saved(out) >= 40
