@@ -18,6 +18,7 @@ import mmap
 import os
 import uuid
 import zlib
+from collections.abc import Iterator
 
 from hpcdp.data.prep.blocks import line_span, line_start
 from hpcdp.data.prep.clicks import criteo as cr
@@ -32,16 +33,20 @@ COPY_BYTES = 4 << 20
 def read_block(path: str, start: int, end: int, name: str, skip_bad: bool) -> cr.Rows:
     """The rows of the lines beginning in bytes ``[start, end)`` of plain file `path`; a bad
     line raises `CriteoError` naming `name` (the file the user gave) and its line."""
+    return cr.Rows.concat(list(block_pieces(path, start, end, name, skip_bad)))
+
+
+def block_pieces(path: str, start: int, end: int, name: str, skip_bad: bool
+                 ) -> Iterator[cr.Rows]:
+    """`read_block`'s rows a piece of about `PIECE_BYTES` at a time, in line order."""
     if end <= start:
-        return cr.Rows.concat([])
+        return
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
         lo, hi = line_span(data, start, end)
-        pieces = []
         while lo < hi:
             cut = hi if lo + PIECE_BYTES >= hi else min(hi, line_start(data, lo + PIECE_BYTES))
-            pieces.append(_parse(data, lo, cut, name, skip_bad))
+            yield _parse(data, lo, cut, name, skip_bad)
             lo = cut
-    return cr.Rows.concat(pieces)
 
 
 def _parse(data: mmap.mmap, lo: int, hi: int, name: str, skip_bad: bool) -> cr.Rows:

@@ -187,17 +187,24 @@ def parse_block(split: str, block: Block, names: dict[str, str], inputs: Inputs,
     name = f"{split}-raw" if vocab else split
     if parts.done(name, block.index):
         return np.asarray(parts.load(name, block.index)["values"]) if counting else None
-    rows = cb.read_block(block.path, block.start, block.end, names[block.path],
-                         inputs.skip_bad)
-    dense, skipped = cr.dense_features(rows.counts), np.asarray([rows.skipped], np.int64)
-    if vocab:
-        parts.save(name, block.index, dense=dense, values=rows.values, label=rows.label,
-                   skipped=skipped)
-        return rows.values if counting else None
-    parts.save(name, block.index, dense=dense,
-               sparse=cr.hashed_ids(rows.values, int(inputs.rule.buckets or 2)),
-               label=rows.label, skipped=skipped)
-    return None
+    buckets = int(inputs.rule.buckets or 0)
+    dense, ids, label, skipped = [], [], [], 0
+    for rows in cb.block_pieces(block.path, block.start, block.end, names[block.path],
+                                inputs.skip_bad):  # each piece made small at once
+        dense.append(cr.dense_features(rows.counts))
+        ids.append(rows.values if vocab else cr.hashed_ids(rows.values, buckets))
+        label.append(rows.label)
+        skipped += rows.skipped
+    arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
+              ("values" if vocab else "sparse"): _join(
+                  ids, (cr.CATEGORICAL,), np.int64 if vocab else np.int32),
+              "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
+    parts.save(name, block.index, **arrays)
+    return arrays["values"] if vocab and counting else None
+
+
+def _join(pieces: list[np.ndarray], tail: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.zeros((0, *tail), dtype)
 
 
 # -- the vocabulary ---------------------------------------------------------------------
