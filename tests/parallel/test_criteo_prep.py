@@ -123,20 +123,24 @@ def test_the_first_bad_line_is_named_on_every_rank_and_nothing_replaced(ranks,
     assert (out / "train.h5").read_bytes() == before
 
 
-def parts_saved(out: Path) -> int:
+def parts_saved(out: Path, split: str | None = None) -> int:
+    """Parts in the work folder (of one split's folder, or of all)."""
     work = out / ".hpcdp-prep"
-    return sum(len(os.listdir(d)) for d in work.iterdir() if d.is_dir()) if work.exists() else 0
+    folders = [work / split] if split else (list(work.iterdir()) if work.exists() else [])
+    return sum(len(os.listdir(d)) for d in folders if d.is_dir())
 
 
-def kill_midway(argv: list[str], out: Path, parts: int, np_: int = 2) -> None:
+def kill_midway(argv: list[str], out: Path, parts: int, split: str | None, np_: int = 2
+                ) -> None:
     """Start `argv` on `np_` ranks and SIGKILL the launcher and its ranks (as a time limit
-    does) once `parts` parts are saved; fail if it finished first."""
+    does) once `parts` parts (of `split`) are saved; fail if it finished first."""
     proc = subprocess.Popen(launch_command(argv, np=np_), env=rank_environment(np=np_),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while parts_saved(out) < parts and proc.poll() is None and time.monotonic() < deadline:
+        while (parts_saved(out, split) < parts and proc.poll() is None
+               and time.monotonic() < deadline):
             time.sleep(0.005)
         assert proc.poll() is None, "the run ended before it could be killed"
         os.killpg(proc.pid, signal.SIGKILL)
@@ -145,20 +149,28 @@ def kill_midway(argv: list[str], out: Path, parts: int, np_: int = 2) -> None:
         kill_group(proc.pid, grace=0.0)
 
 
+#: Where each test kills the run, and on how many ranks it resumes: with hashed ids while the
+#: blocks are parsed, on 3 ranks; with a vocabulary once it is counted and the ids are being
+#: asked (the parts with ids in "train"), on 2 ranks again, so the saved shards are used.
+KILL_AT = {"--buckets": (40, None, 3), "--min-count": (4, "train", 2)}
+
+
 @pytest.mark.parametrize("rule", list(RULES))
-def test_a_killed_run_resumes_to_the_same_files(ranks, tmp_path: Path, rule: str) -> None:
+def test_a_killed_run_resumes_to_the_same_files(ranks, tmp_path: Path, capsys,
+                                                rule: str) -> None:
     args = [*logs(tmp_path / "logs"), *RULES[rule]]
     assert criteo_prep.main([*args, "--out", str(tmp_path / "whole")]) == 0
     args += ["--block-mib", "0.004"]  # many blocks, to be killed among them
     out = tmp_path / "out"
-    kill_midway([*SCRIPT, *args, "--out", str(out)], out, parts=40)
-    assert not (out / "train.h5").exists() and parts_saved(out) >= 40
-    run = ranks(SCRIPT, *args, "--out", str(out), np=2, timeout=90, expect_ok=False)
-    assert run.returncode == 2 and "pass --resume to continue it" in run.output
-    run = ranks(SCRIPT, *args, "--out", str(out), "--resume", np=3, timeout=120)
+    parts, split, resume_np = KILL_AT[rule]
+    kill_midway([*SCRIPT, *args, "--out", str(out)], out, parts, split)
+    assert not (out / "train.h5").exists() and parts_saved(out, split) >= parts
+    assert criteo_prep.main([*args, "--out", str(out)]) == 2  # a partial output: refused
+    assert "pass --resume to continue it" in capsys.readouterr().err
+    ranks(SCRIPT, *args, "--out", str(out), "--resume", np=resume_np, timeout=120)
     assert not (out / ".hpcdp-prep").exists()
-    for split in ("train.h5", "val.h5"):
-        assert digest(tmp_path / "whole" / split) == digest(out / split), split
+    for split_file in ("train.h5", "val.h5"):
+        assert digest(tmp_path / "whole" / split_file) == digest(out / split_file), split_file
 
 
 #: Small vocabularies, so that what grows with the rows is what the recipe holds of them.
