@@ -258,3 +258,14 @@ def test_parse_lines_reads_what_parse_line_reads() -> None:
     label, counts, values = cr.parse_line(lines[0])
     assert got.label.tolist() == [label] * 3 and got.counts[2].tolist() == counts
     assert got.values[1].tolist() == values
+
+
+def test_a_damaged_gzip_file_is_named_and_nothing_left(tmp_path: Path, capsys) -> None:
+    train, val = logs(tmp_path / "logs")
+    damaged = tmp_path / "logs" / "day_1.gz"
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    out = tmp_path / "out"
+    assert cp.main(["--files", *train, "--val-files", *val, "--out", str(out),
+                    "--buckets", "10"]) == 2
+    assert f"{damaged}: cannot be decompressed after line" in capsys.readouterr().err
+    assert not list(out.iterdir())  # no file, no work folder

@@ -168,8 +168,6 @@ def parse_split(split: str, blocks: list[Block], names: dict[str, str], inputs: 
                 values = parse_block(split, block, names, inputs, parts, owned is not None)
             except cr.CriteoError as exc:
                 error = (block.index, str(exc))
-            except OSError as exc:
-                error = (block.index, f"{names[block.path]}: cannot be read: {exc}")
             progress.advance(block.nbytes)
         known = [e for e in comm.allgather(error) if e] + ([first] if first else [])
         first = min(known) if known else None
@@ -189,12 +187,15 @@ def parse_block(split: str, block: Block, names: dict[str, str], inputs: Inputs,
         return np.asarray(parts.load(name, block.index)["values"]) if counting else None
     buckets = int(inputs.rule.buckets or 0)
     dense, ids, label, skipped = [], [], [], 0
-    for rows in cb.block_pieces(block.path, block.start, block.end, names[block.path],
-                                inputs.skip_bad):  # each piece made small at once
-        dense.append(cr.dense_features(rows.counts))
-        ids.append(rows.values if vocab else cr.hashed_ids(rows.values, buckets))
-        label.append(rows.label)
-        skipped += rows.skipped
+    try:
+        for rows in cb.block_pieces(block.path, block.start, block.end, names[block.path],
+                                    inputs.skip_bad):  # each piece made small at once
+            dense.append(cr.dense_features(rows.counts))
+            ids.append(rows.values if vocab else cr.hashed_ids(rows.values, buckets))
+            label.append(rows.label)
+            skipped += rows.skipped
+    except OSError as exc:  # reading (saving the part below is not bad input)
+        raise cr.CriteoError(f"{names[block.path]}: cannot be read: {exc}") from None
     arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
               ("values" if vocab else "sparse"): _join(
                   ids, (cr.CATEGORICAL,), np.int64 if vocab else np.int32),
