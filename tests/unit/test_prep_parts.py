@@ -131,3 +131,40 @@ def test_add_common_options_and_block_size() -> None:
     with pytest.raises(frame.PrepError, match="--block-mib 0"):
         frame.block_bytes(0)
     assert json.dumps(frame.EXIT_BAD_INPUT) == "2" and frame.EXIT_WRITE_FAILED == 1
+
+
+def test_arrays_of_other_lengths_and_offsets_shifted_into_the_file(tmp_path: Path) -> None:
+    docs = [[np.array([1, 2, 3]), np.array([4])], [], [np.array([5, 6])]]  # blocks of documents
+    with Parts(str(tmp_path), "test", {}, COMM, resume=False) as parts:
+        for i, block in enumerate(docs):
+            lengths = np.array([len(d) for d in block], np.int64)
+            tokens = np.concatenate(block) if block else np.zeros(0, np.int64)
+            parts.save("train", i, tokens=tokens, ends=np.cumsum(lengths))
+        layout = frame.part_layout(parts, "train", range(3), COMM)
+        assert layout.totals == {"tokens": 6, "ends": 3}
+
+        def datasets(f: h5py.File, n: int) -> dict[str, h5py.Dataset]:
+            ends = f.create_dataset("ends", (layout.totals["ends"] + 1,), np.int64)
+            ends[0] = 0
+            return {"tokens": f.create_dataset("tokens", (n,), np.int64), "ends": ends}
+
+        frame.write_parts(str(tmp_path / "t.h5"), parts, "train", range(3), datasets, COMM,
+                          slab_rows=1, layout=layout, shift={"ends": ("tokens", 1)})
+    with h5py.File(tmp_path / "t.h5") as f:
+        np.testing.assert_array_equal(f["tokens"][:], [1, 2, 3, 4, 5, 6])
+        np.testing.assert_array_equal(f["ends"][:], [0, 3, 4, 6])
+
+
+def test_progress_on_a_terminal_is_a_bar() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    bar = frame.Progress(COMM, "val", 300, "rows", stream=out)
+    bar.advance(100)
+    bar.advance(200)
+    bar.close()
+    text = out.getvalue()
+    assert "val:" in text and "300/300" in text and "rows/s" in text
+    assert "hpcdp prep: val" not in text  # the bar, not the log lines

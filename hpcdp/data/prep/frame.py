@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -266,7 +267,8 @@ def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
         say(comm, prog, f"error: {exc}")
         code = EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc}")
+        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc} (the blocks "
+                        "completed are kept: the same command with --resume continues)")
         if comm.size > 1:
             comm.Abort(EXIT_WRITE_FAILED)
         code = EXIT_WRITE_FAILED
@@ -278,74 +280,122 @@ def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
 # -- the streaming frame: parts to one file, progress, common options --------------------
 
 
+@dataclass(frozen=True)
+class PartLayout:
+    """Where every block's arrays go in a split's file: the same on every rank."""
+
+    starts: dict[int, dict[str, int]]  # block -> array -> its first row in the file
+    totals: dict[str, int]  # array -> rows in the file
+
+
+def part_layout(parts: Any, split: str, blocks: range, comm: Any) -> PartLayout:
+    """Collective: each array's rows per block all-gathered, their prefix sums in block order
+    (so the same file on any number of ranks) and the totals."""
+    mine = [(i, parts.lengths(split, i)) for i in blocks]
+    every = dict(kv for got in comm.allgather(mine) for kv in got)
+    if sorted(every) != list(range(len(every))):
+        raise RuntimeError(f"{split}: the ranks' blocks are not 0..{len(every) - 1}")
+    names = list(every[0]) if every else []
+    starts: dict[int, dict[str, int]] = {}
+    at = dict.fromkeys(names, 0)
+    for i in range(len(every)):
+        starts[i] = dict(at)
+        for name in names:
+            at[name] += every[i][name]
+    return PartLayout(starts, at)
+
+
 def write_parts(path: str, parts: Any, split: str, blocks: range,
                 datasets: Callable[[Any, int], dict[str, Any]], comm: Any, slab_rows: int,
-                serial: bool = False, progress: Progress | None = None) -> int:
+                serial: bool = False, progress: Progress | None = None,
+                layout: PartLayout | None = None,
+                shift: dict[str, tuple[str, int]] | None = None,
+                collective: bool = False) -> int:
     """Collective: ``path`` from every rank's parts of `split` (this rank's: `blocks`), the
-    blocks' rows in block order; the total rows.
+    blocks' rows in block order; the total rows (of the parts' first array).
 
-    Rows per block are all-gathered and each block's first row is their prefix sum, so
-    the file is the same for any number of ranks. ``datasets(f, total_rows)`` creates the
-    datasets (and attributes) in the new file, named like the part arrays they take; each
-    rank copies its blocks to their rows in slabs of at most `slab_rows`, every rank making
-    the same number of writes. With `serial` (filtered datasets, which parallel HDF5
-    cannot write reliably) rank 0 opens the file alone and copies every rank's parts.
-    The file is written under a temporary name and renamed when complete (`replacing`).
+    Rows per block are all-gathered and each block's first row is their prefix sum
+    (`part_layout`, or `layout` when the recipe made it first to size its datasets), so the
+    file is the same for any number of ranks. ``datasets(f, total_rows)`` creates the
+    datasets (and attributes) in the new file, each filled from the part array of its name
+    (arrays of other names stay in the parts); each rank copies its blocks to their rows in
+    slabs of at most `slab_rows`, every rank making the same number of writes. `shift`
+    maps an array to (another array, rows left above it): its values are offsets into the
+    other (document ends into tokens) and get that array's start in the block added, and
+    its rows start that many rows lower (a leading 0 the callback writes). With `serial`
+    (filtered datasets, which parallel HDF5 cannot write reliably) rank 0 opens the file
+    alone and copies every rank's parts. The file is written under a temporary name and
+    renamed when complete (`replacing`).
     """
-    rows = {i: parts.rows(split, i) for i in blocks}
-    every = dict(kv for mine in comm.allgather(sorted(rows.items())) for kv in mine)
-    order = sorted(every)
-    if order != list(range(len(order))):
-        raise RuntimeError(f"{split}: the ranks' blocks are not 0..{len(order) - 1}")
-    first = dict(zip(order, np.cumsum([0, *(every[i] for i in order)]).tolist()))
-    total = int(sum(every.values()))
+    layout = layout or part_layout(parts, split, blocks, comm)
+    shift = shift or {}
+    first = next(iter(layout.totals), "")
     with replacing(path, comm) as tmp:
         if comm.size == 1 or serial:
             if comm.rank == 0:
                 import h5py
 
                 with h5py.File(tmp, "w") as f:
-                    dsets = datasets(f, total)
-                    for offset, data in _slabs(parts, split, order, first, slab_rows):
-                        _put(dsets, offset, data, progress)
+                    dsets = datasets(f, layout.totals.get(first, 0))
+                    for read in _slabs(parts, split, range(len(layout.starts)), slab_rows):
+                        _put(dsets, read, layout, shift, progress, first, None)
         else:
             with create_h5(tmp, comm) as f:
-                dsets = datasets(f, total)
-                mine = list(_slabs(parts, split, blocks, first, slab_rows, lazy=True))
+                dsets = datasets(f, layout.totals.get(first, 0))
+                mine = list(_slabs(parts, split, blocks, slab_rows))
                 rounds = allreduce(comm, len(mine), op="max")
                 for k in range(rounds):  # every rank writes every round, some nothing
-                    offset, data = mine[k]() if k < len(mine) else (0, {})
-                    for name, dset in dsets.items():
-                        empty = np.zeros((0, *dset.shape[1:]), dset.dtype)
-                        mpio_write(dset, offset, data.get(name, empty), False)
-                    if progress is not None and data:
-                        progress.advance(len(next(iter(data.values()))))
-    return total
+                    read = mine[k] if k < len(mine) else None
+                    _put(dsets, read, layout, shift, progress, first, collective)
+    return layout.totals.get(first, 0)
 
 
-def _slabs(parts: Any, split: str, blocks: Sequence[int], first: dict[int, int],
-           slab_rows: int, lazy: bool = False) -> Iterator[Any]:
-    """(first row, {name: rows}) of `blocks`' parts, `slab_rows` rows at a time (with `lazy`,
-    functions returning them, so that counting the slabs reads nothing)."""
+def _slabs(parts: Any, split: str, blocks: Sequence[int], slab_rows: int
+           ) -> Iterator[Callable[[], tuple[int, int, dict[str, np.ndarray]]]]:
+    """For each slab of `blocks`' parts, a function reading it: (block, first row in the
+    block, {array: its rows of the slab}); the slabs are counted before anything is read."""
     for i in blocks:
-        n = parts.rows(split, i)
+        n = max(parts.lengths(split, i).values(), default=0)
         for a in range(0, n, max(1, slab_rows)):
-            b = min(n, a + slab_rows)
 
-            def read(i: int = i, a: int = a, b: int = b) -> tuple[int, dict[str, np.ndarray]]:
+            def read(i: int = i, a: int = a) -> tuple[int, int, dict[str, np.ndarray]]:
                 part = parts.load(split, i)
-                return first[i] + a, {k: np.asarray(v[a:b]) for k, v in part.items()}
+                return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
 
-            yield read if lazy else read()
+            yield read
 
 
-def _put(dsets: dict[str, Any], offset: int, data: dict[str, np.ndarray],
-         progress: Progress | None) -> None:
+def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayout,
+         shift: dict[str, tuple[str, int]], progress: Progress | None, first: str,
+         collective: bool | None) -> None:
+    """One slab into every dataset: plain writes (`collective` None) or one MPI-IO write per
+    dataset, empty when `read` is None (this rank has no slab left this round)."""
+    block, a, data = read() if read is not None else (0, 0, {})
     for name, dset in dsets.items():
-        rows = data[name]
-        dset[offset : offset + len(rows)] = rows
-    if progress is not None:
-        progress.advance(len(next(iter(data.values()))))
+        rows = data.get(name, np.zeros((0, *dset.shape[1:]), dset.dtype))
+        at = layout.starts[block][name] + a if data else 0
+        if name in shift and data:
+            base, skip = shift[name]
+            rows = rows + layout.starts[block][base]
+            at += skip
+        if collective is None:
+            if len(rows):
+                dset[at : at + len(rows)] = rows
+        else:
+            mpio_write(dset, at, rows, collective)
+    if progress is not None and data:
+        progress.advance(len(data[first]))
+
+
+def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> None:
+    """Collective: in a resumed run, rank 0 says how many of `split`'s blocks were done."""
+    if not parts.resumed:
+        return
+    done = allreduce(comm, sum(parts.done(split, i) for i in blocks))
+    total = allreduce(comm, len(blocks))
+    if comm.rank == 0:
+        print(f"{prog}: {split}: resuming: {done} of {total} blocks already done",
+              file=sys.stderr, flush=True)
 
 
 def add_common_options(parser: argparse.ArgumentParser, blocks: bool = True) -> None:

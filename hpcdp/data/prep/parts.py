@@ -164,6 +164,11 @@ class Parts:
         documents)."""
         return int(self._meta(split, index)["lengths"][key])
 
+    def lengths(self, split: str, index: int) -> dict[str, int]:
+        """The length of every array of block `index`, in the order saved."""
+        meta = self._meta(split, index)
+        return {key: int(meta["lengths"][key]) for key in meta["order"]}
+
     # -- a recipe's own state -------------------------------------------------------------
 
     def path(self, name: str) -> str:
