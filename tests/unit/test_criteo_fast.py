@@ -27,7 +27,7 @@ def lines(draw: st.DrawFn) -> bytes:
     return "\t".join(fields).encode()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(lines(), min_size=1, max_size=6), st.booleans())
 def test_fast_rows_equal_parse_lines_or_step_aside(batch: list[bytes], end: bool) -> None:
     buf = b"\n".join(batch) + (b"\n" if end else b"")
