@@ -169,9 +169,10 @@ def parse_split(split: str, blocks: list[Block], names: dict[str, str], inputs: 
             except cr.CriteoError as exc:
                 error = (block.index, str(exc))
             progress.advance(block.nbytes)
+        # collective: every rank's error of this round (the lowest block's line is first)
         known = [e for e in comm.allgather(error) if e] + ([first] if first else [])
         first = min(known) if known else None
-        if owned is not None:
+        if owned is not None:  # collective: this round's value counts to their owners
             cv.send_counts(comm, values, owned)
     if first is not None:
         raise CriteoPrepError(first[1])
@@ -244,6 +245,7 @@ def map_split(split: str, n_blocks: int, shard: cv.Shard, parts: Parts, comm: An
     for k in range(rounds):
         index = mine[k] if k < len(mine) and not parts.done(split, mine[k]) else None
         raw = parts.load(f"{split}-raw", index) if index is not None else None
+        # collective: the values' ids asked of their owners, and their questions answered
         ids = cv.ask_ids(comm, np.asarray(raw["values"]) if raw else None, shard)
         if raw is not None:
             parts.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
