@@ -56,14 +56,16 @@ def block_counts(values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
 
 class OwnedCounts:
     """Per field, the counts of the values this rank owns: one sorted run of distinct values
-    and the pieces received since it was last merged (merged once they outgrow it, so the
-    memory stays within about twice the owned distinct values). Only whether a value reaches
-    `cap` (the ``--min-count``) matters, so counts stop there, in the smallest type that
-    holds it: 5 bytes a distinct value for a cap below 256."""
+    and the pieces received since it was last merged. Only whether a value reaches `cap`
+    (the ``--min-count``) matters, so counts stop there, in the smallest type that holds it:
+    5 bytes a distinct value for a cap below 256. The pieces are merged once they hold a
+    quarter of the run's values, into the run by insertion (never re-sorting the run), so
+    the memory stays within about twice the run."""
 
     def __init__(self, cap: int, fields: int = CATEGORICAL) -> None:
         self.cap = cap
         self.dtype = np.min_scalar_type(cap)
+        self.wide = np.int64 if cap >= 256 else np.uint32  # holds a sum of capped counts
         self.vals = [np.zeros(0, np.uint32) for _ in range(fields)]
         self.nums = [np.zeros(0, self.dtype) for _ in range(fields)]
         self.pending: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(fields)]
@@ -73,25 +75,29 @@ class OwnedCounts:
         if len(vals):
             self.pending[j].append((vals, np.minimum(nums, self.cap).astype(self.dtype)))
             self.held[j] += len(vals)
-            if self.held[j] > max(MERGE_AT, len(self.vals[j])):
+            if self.held[j] > max(MERGE_AT, len(self.vals[j]) // 4):
                 self._merge(j)
 
     def _merge(self, j: int) -> None:
-        """The pending pieces merged into the run: one stable sort of the values (no inverse,
-        no float weights: about 20 bytes a value at the peak)."""
+        """The pending pieces summed per value (one sort of the pieces alone), then added to
+        the run: the values already there in place, the new ones inserted in order."""
         if not self.pending[j]:
             return
-        vals = np.concatenate([self.vals[j], *(v for v, _ in self.pending[j])])
-        nums = np.concatenate([self.nums[j], *(n for _, n in self.pending[j])])
+        vals = np.concatenate([v for v, _ in self.pending[j]])
+        nums = np.concatenate([n for _, n in self.pending[j]])
         self.pending[j], self.held[j] = [], 0
         order = np.argsort(vals, kind="stable")
         vals, nums = vals[order], nums[order]
-        del order
         starts = np.flatnonzero(np.concatenate([[True], vals[1:] != vals[:-1]]))
-        total = np.add.reduceat(nums.astype(np.int64 if self.cap >= 256 else np.uint32),
-                                starts) if len(vals) else nums
-        self.vals[j] = vals[starts]
-        self.nums[j] = np.minimum(total, self.cap).astype(self.dtype)
+        vals, total = vals[starts], np.add.reduceat(nums.astype(self.wide), starts)
+        run, counts = self.vals[j], self.nums[j]
+        at = np.searchsorted(run, vals)
+        there = at < len(run)
+        there[there] = run[at[there]] == vals[there]
+        counts[at[there]] = np.minimum(counts[at[there]] + total[there], self.cap)
+        new = ~there
+        self.vals[j] = np.insert(run, at[new], vals[new])
+        self.nums[j] = np.insert(counts, at[new], np.minimum(total[new], self.cap))
 
     def counts(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         """Field j's owned values (increasing) and their counts (at most `cap`)."""
