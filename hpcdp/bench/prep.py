@@ -4,6 +4,9 @@ Runs `hpcdp prep synthetic` under mpirun (via `hpcdp.runtime.launcher.run_ranks`
 1 and then 2 ranks, alternating, for a few rounds. The figure compared is the
 preparation's own time (from the first barrier to the renamed file, reported
 by rank 0); the wall time with the launcher's start-up is shown beside it.
+
+``--criteo``: peak memory per rank of the Criteo recipe at 1x and 8x generated rows
+(`hpcdp.bench.prep_criteo`; its own options follow).
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    raw = list(sys.argv[1:] if argv is None else argv)
-    if "--criteo" in raw:  # the Criteo recipe's memory at scale: its own module
-        return prep_criteo.main([a for a in raw if a != "--criteo"])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--criteo" in argv:  # the Criteo recipe's memory at 1x and 8x the rows: its own module
+        return prep_criteo.main([a for a in argv if a != "--criteo"])
     p = argparse.ArgumentParser(prog="hpcdp bench prep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100_000)
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--criteo", action="store_true",
                    help="instead: the Criteo recipe's peak memory per rank at 1x and 8x the "
                         "rows (hpcdp.bench.prep_criteo; its options: --criteo --help)")
-    args = parse_args(p, raw)
+    args = parse_args(p, argv)
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-prep-") as tmp:
         for i in range(args.rounds):
