@@ -4,6 +4,9 @@ Runs `hpcdp prep synthetic` under mpirun (via `hpcdp.runtime.launcher.run_ranks`
 1 and then 2 ranks, alternating, for a few rounds. The figure compared is the
 preparation's own time (from the first barrier to the renamed file, reported
 by rank 0); the wall time with the launcher's start-up is shown beside it.
+
+``--criteo``: peak memory per rank of the Criteo recipe at 1x and 8x generated rows
+(`hpcdp.bench.prep_criteo`; its own options follow).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common
+from hpcdp.bench import common, prep_criteo
 from hpcdp.bench.reader import result_path
 from hpcdp.cliargs import parse_args
 from hpcdp.runtime.launcher import run_ranks
@@ -39,6 +42,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--criteo" in argv:  # the Criteo recipe's memory at 1x and 8x the rows: its own module
+        return prep_criteo.main([a for a in argv if a != "--criteo"])
     p = argparse.ArgumentParser(prog="hpcdp bench prep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100_000)
@@ -48,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results/prep.json",
                    help="JSON file, or a folder to write prep.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when 2 ranks are slower")
+    p.add_argument("--criteo", action="store_true",
+                   help="instead: the Criteo recipe's peak memory per rank at 1x and 8x the "
+                        "rows (hpcdp.bench.prep_criteo; its options: --criteo --help)")
     args = parse_args(p, argv)
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-prep-") as tmp:

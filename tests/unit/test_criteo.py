@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcdp.data.format.clicks import validate_click_file
+from hpcdp.data.prep.blocks import plan_blocks
 from hpcdp.data.prep.clicks import criteo as cr
+from hpcdp.data.prep.clicks import criteo_blocks as cb
 from hpcdp.data.prep.clicks import criteo_recipe as cp
 
 
@@ -90,26 +92,28 @@ def test_vocabulary_from_counts_over_readers() -> None:
     assert cr.Vocabulary.from_counts(parts, 5).ids(new)[:, 0].tolist() == [1, 1, 0, 1, 1, 1]
 
 
-def test_any_byte_ranges_give_each_line_once_with_its_number(tmp_path: Path) -> None:
+def test_any_blocks_give_each_line_once_with_its_number(tmp_path: Path) -> None:
     path = tmp_path / "log.txt"
-    rng = np.random.default_rng(0)
-    lines = [b"x" * int(rng.integers(0, 12)) for _ in range(300)]
+    lines = [row(str(i % 2), cats=[f"{i:x}", *["a"] * 25]) for i in range(300)]
+    lines[40] = lines[41] = b""  # blank lines are no rows
     path.write_bytes(b"\n".join(lines[:150]) + b"\r\n" + b"\n".join(lines[150:]))
     size = path.stat().st_size
-    for cuts in (1, 2, 3, 7, 50):
+    want = [int(line.split(b"\t")[14], 16) for line in lines if line]
+    for block in (97, 500, 3000, size):
         got = []
-        for r in range(cuts):
-            lo, hi = cp.byte_range(size, r, cuts)
-            for first, block in cr.range_lines(str(path), lo, hi):
-                got += [(first + i, line) for i, line in enumerate(block)]
-        assert got == [(i + 1, line) for i, line in enumerate(lines)], cuts
-
-
-def test_gzip_files_are_read_whole_by_one_rank() -> None:
-    paths, sizes = ["a.txt", "b.gz", "c.txt"], [100, 40, 60]
-    pieces = [cp.rank_pieces(paths, sizes, r, 4) for r in range(4)]
-    # ranges of 50 bytes: the gzip file starts at byte 100, in rank 2's range
-    assert pieces == [[(0, 0, 50)], [(0, 50, 100)], [(1, 0, 40), (2, 0, 10)], [(2, 10, 60)]]
+        for b in plan_blocks([(str(path), size)], block):
+            got += cb.read_block(b.path, b.start, b.end, "log", False).values[:, 0].tolist()
+        assert got == want, block
+    lines[222] = b"1\t2"
+    path.write_bytes(b"\n".join(lines[:150]) + b"\r\n" + b"\n".join(lines[150:]))
+    errors = []
+    for b in plan_blocks([(str(path), path.stat().st_size)], 5000):
+        try:
+            cb.read_block(b.path, b.start, b.end, "log", False)
+        except cr.CriteoError as exc:
+            errors.append(str(exc))
+    assert errors == ["log: line 223: 2 tab-separated fields, expected 40 (label, 13 counts, "
+                      "26 categorical)"]
 
 
 # -- the recipe -----------------------------------------------------------------------
@@ -254,3 +258,14 @@ def test_parse_lines_reads_what_parse_line_reads() -> None:
     label, counts, values = cr.parse_line(lines[0])
     assert got.label.tolist() == [label] * 3 and got.counts[2].tolist() == counts
     assert got.values[1].tolist() == values
+
+
+def test_a_damaged_gzip_file_is_named_and_nothing_left(tmp_path: Path, capsys) -> None:
+    train, val = logs(tmp_path / "logs")
+    damaged = tmp_path / "logs" / "day_1.gz"
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    out = tmp_path / "out"
+    assert cp.main(["--files", *train, "--val-files", *val, "--out", str(out),
+                    "--buckets", "10"]) == 2
+    assert f"{damaged}: cannot be decompressed after line" in capsys.readouterr().err
+    assert not list(out.iterdir())  # no file, no work folder

@@ -1,2 +1,3 @@
 """Click logs: the synthetic log (`synth`) and its recipe (`recipe`), and Criteo
-logs (`criteo` parsing, `criteo_recipe`, `criteo_synth`)."""
+logs (`criteo` parsing and rules, `criteo_blocks` reading a block, `criteo_vocab`
+the vocabulary on owner ranks, `criteo_recipe`, `criteo_synth`)."""

@@ -175,7 +175,7 @@ def convert(lines: Sequence[bytes]) -> Rows:
     n = len(lines)
     if not n:
         return Rows.concat([])
-    fields = np.array(b"\t".join(lines).split(b"\t"), dtype="S18").reshape(n, FIELDS)
+    fields = np.array(b"\t".join(lines).split(b"\t"), dtype="S19").reshape(n, FIELDS)
     counts = fields[:, 1 : 1 + DENSE].copy()
     counts[counts == b""] = b"0"
     digits = np.ascontiguousarray(fields[:, 1 + DENSE :], dtype="S8")

@@ -4,26 +4,32 @@ The files have the layout the recsys task reads (`hpcdp.data.format.clicks`):
 ``dense`` (N, 13) float32, ``sparse`` (N, 26) int32, ``label`` (N,) uint8, row
 aligned and chunked alike, with ``table_sizes`` and ``field_names`` as
 attributes, so a model is built from the prepared file alone. The parsing and
-the rules are `hpcdp.data.prep.clicks.criteo`'s; this module spreads the reading
-over the ranks and writes.
+the rules are `hpcdp.data.prep.clicks.criteo`'s; this module streams the logs
+through the preparation frame (`hpcdp.data.prep.frame`, `blocks`, `parts`):
 
-Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``:
+1. A gzip file cannot be entered midway, so each is first decompressed into the
+   work folder (OUT/.hpcdp-prep/), the files spread over the ranks.
+2. Each split's files are cut into blocks of ``--block-mib`` (the same list for
+   any number of ranks); each rank parses its contiguous run of blocks one at a
+   time and saves what a block gives as a part. A bad line stops the run with
+   the first bad line in file order named on every rank, and nothing written.
+3. Ids: hashed into ``--buckets`` rows a field as each block is parsed (one
+   pass), or from the vocabulary of the values seen at least ``--min-count``
+   times in the training rows, counted on owner ranks
+   (`hpcdp.data.prep.clicks.criteo_vocab`: each rank holds about 1/P of the
+   distinct values), then a second pass over the parts asks the owners for the
+   ids of each block's values.
+4. The final files hold the blocks' rows in block order (prefix sums of the rows
+   per block), so 1 and N ranks write the same files, each under a temporary
+   name renamed when complete; nothing is replaced without ``--overwrite``.
 
-1. Each split's files are laid end to end; each rank reads the lines that start
-   in its contiguous byte range of them. A gzip file cannot be entered midway,
-   so the rank whose range holds its first byte reads it whole.
-2. Every rank parses its rows of both splits; the ranks agree on the first bad
-   line (file and line) before any file is created, or with ``--skip-bad``
-   count what they left out.
-3. Ids: hashed into ``--buckets`` rows a field, or from the vocabulary of the
-   values seen at least ``--min-count`` times in the training rows of every
-   rank (their counts all-gathered and summed; every rank builds the same).
-4. The rows of rank r follow those of ranks < r (exclusive prefix sums), so
-   1 and N ranks write the same files, each under a temporary name renamed when
-   complete; nothing is replaced without ``--overwrite``.
-
-Each rank holds its parsed rows in memory until the write (about 320 bytes a
-row): use more ranks for logs larger than that.
+A rank holds about one block of input and its rows (and its share of the
+vocabulary), whatever the size of the logs. The cost: the rows are written twice
+(parts, then the final files; with a vocabulary the parts once more with their
+ids), and until the end the work folder holds the decompressed gzip files and
+the parts, about 1.7x the output (3x with a vocabulary). A killed run continues
+from its completed blocks with ``--resume`` (and from the counted vocabulary if
+the number of ranks is the same).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import glob
 import json
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,45 +49,26 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep.blocks import Block, plan_blocks, rank_blocks
 from hpcdp.data.prep.clicks import criteo as cr
+from hpcdp.data.prep.clicks import criteo_blocks as cb
+from hpcdp.data.prep.clicks import criteo_vocab as cv
 from hpcdp.data.prep.frame import PrepError
+from hpcdp.data.prep.parts import Parts
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/criteo.py"
+RECIPE = "criteo"
 SPLITS = ("train", "val")
+OPTION = {"train": "--files", "val": "--val-files"}
 #: Bytes of one written row over the three datasets.
 ROW_BYTES = cr.DENSE * 4 + cr.CATEGORICAL * 4 + 1
+#: Rows copied from the parts to a final file at once.
+SLAB_ROWS = 1 << 16
 
 
 class CriteoPrepError(PrepError):
     """Bad input or options, agreed on by every rank: the message names the file and line."""
-
-
-# -- pure layout ----------------------------------------------------------------------
-
-
-def byte_range(total: int, rank: int, size: int) -> tuple[int, int]:
-    """Rank `rank`'s share ``[lo, hi)`` of `total` bytes."""
-    return rank * total // size, (rank + 1) * total // size
-
-
-def rank_pieces(paths: Sequence[str], sizes: Sequence[int], rank: int, size: int
-                ) -> list[tuple[int, int, int]]:
-    """(file, lo, hi) byte ranges rank `rank` reads, in file order: the part of each plain
-    file in its share, and whole each gzip file whose first byte is in its share."""
-    total = sum(sizes)
-    lo, hi = byte_range(total, rank, size)
-    pieces, start = [], 0
-    for i, (path, n) in enumerate(zip(paths, sizes)):
-        if cr.is_gzip(path):
-            if n and lo <= start < hi:
-                pieces.append((i, 0, n))
-        else:
-            a, b = max(lo, start) - start, min(hi, start + n) - start
-            if a < b:
-                pieces.append((i, a, b))
-        start += n
-    return pieces
 
 
 @dataclass(frozen=True)
@@ -94,6 +82,21 @@ class IdRule:
         if self.buckets is not None:
             return {"id_rule": "hash", "buckets": self.buckets}
         return {"id_rule": "vocabulary", "min_count": self.min_count}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    files: dict[str, list[str]]  # split -> paths
+    rule: IdRule
+    block_bytes: int
+    skip_bad: bool
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Every option that changes the parts or the files (not the number of ranks)."""
+        files = {s: [[os.path.realpath(p), os.path.getsize(p)] for p in paths]
+                 for s, paths in self.files.items()}
+        return {"files": files, **self.rule.describe(), "block_bytes": self.block_bytes,
+                "skip_bad": self.skip_bad}
 
 
 # -- reading --------------------------------------------------------------------------
@@ -124,58 +127,135 @@ def expand(patterns: Sequence[str], option: str) -> list[str]:
     return paths
 
 
-def read_share(paths: Sequence[str], rank: int, size: int, skip_bad: bool) -> cr.Rows:
-    """This rank's parsed rows of the files `paths`, in file and line order."""
-    sizes = [os.path.getsize(p) for p in paths]
-    parts = []
-    for file, lo, hi in rank_pieces(paths, sizes, rank, size):
-        path = paths[file]
-        blocks = cr.gzip_lines(path) if cr.is_gzip(path) else cr.range_lines(path, lo, hi)
-        for first, lines in blocks:
-            parts.append(cr.parse_lines(lines, path, first, skip_bad))
-    return cr.Rows.concat(parts)
-
-
-# -- the steps ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Inputs:
-    files: dict[str, list[str]]  # split -> paths
-    rule: IdRule
-
-
-def read_splits(inputs: Inputs, skip_bad: bool, comm: Any) -> dict[str, cr.Rows]:
-    """Collective: this rank's rows of each split; the first bad line (in rank order, so in
-    file order) raised on every rank; an empty split an error on every rank."""
-    rows: dict[str, cr.Rows] = {}
-    error = None
+def plain_files(inputs: Inputs, parts: Parts, comm: Any) -> dict[str, list[tuple[str, str]]]:
+    """Collective: per split, (plain file to read, the name the user gave) in input order,
+    each gzip file decompressed into the work folder by one rank (the k-th by rank k % P;
+    one kept from an interrupted run is used again)."""
+    plain: dict[str, list[tuple[str, str]]] = {}
+    gz, error = 0, None
     for split in SPLITS:
-        try:
-            rows[split] = read_share(inputs.files[split], comm.rank, comm.size, skip_bad)
-        except cr.CriteoError as exc:
-            error = error or str(exc)
-        except OSError as exc:
-            error = error or f"cannot read the {split} files: {exc}"
+        plain[split] = []
+        for i, path in enumerate(inputs.files[split]):
+            if not cr.is_gzip(path):
+                plain[split].append((path, path))
+                continue
+            target = parts.path(f"{split}-{i:05d}.txt")
+            plain[split].append((target, path))
+            if gz % comm.size == comm.rank and error is None and not os.path.exists(target):
+                try:
+                    cb.gunzip(path, target)
+                except cr.CriteoError as exc:
+                    error = str(exc)
+            gz += 1
     prep_run.raise_agreed(comm, error, CriteoPrepError)
+    comm.Barrier()  # every decompressed file is complete before any rank reads it
+    return plain
+
+
+def parse_split(split: str, blocks: list[Block], names: dict[str, str], inputs: Inputs,
+                parts: Parts, owned: cv.OwnedCounts | None, progress: Any, comm: Any) -> None:
+    """Collective: this rank's blocks of `split` parsed into parts, one round of blocks at a
+    time (each rank's next block), with `owned` their value counts sent to their owners.
+    The first bad line in file order is raised on every rank."""
+    mine = rank_blocks(len(blocks), comm.rank, comm.size)
+    rounds = max(len(rank_blocks(len(blocks), r, comm.size)) for r in range(comm.size))
+    first: tuple[int, str] | None = None  # (block, message) of the first bad line known
+    for k in range(rounds):
+        block = blocks[mine[k]] if k < len(mine) else None
+        values, error = None, None
+        if block is not None and (first is None or block.index < first[0]):
+            try:
+                values = parse_block(split, block, names, inputs, parts, owned is not None)
+            except cr.CriteoError as exc:
+                error = (block.index, str(exc))
+            progress.advance(block.nbytes)
+        # collective: every rank's error of this round (the lowest block's line is first)
+        known = [e for e in comm.allgather(error) if e] + ([first] if first else [])
+        first = min(known) if known else None
+        if owned is not None:  # collective: this round's value counts to their owners
+            cv.send_counts(comm, values, owned)
+    if first is not None:
+        raise CriteoPrepError(first[1])
+
+
+def parse_block(split: str, block: Block, names: dict[str, str], inputs: Inputs,
+                parts: Parts, counting: bool) -> np.ndarray | None:
+    """Block `block` parsed into its part (hashed ids: the final part; a vocabulary: the raw
+    values, ``split-raw``); the raw values when `counting` (from the part if there)."""
+    vocab = inputs.rule.buckets is None
+    name = f"{split}-raw" if vocab else split
+    if parts.done(name, block.index):
+        return np.asarray(parts.load(name, block.index)["values"]) if counting else None
+    buckets = int(inputs.rule.buckets or 0)
+    dense, ids, label, skipped = [], [], [], 0
+    try:
+        for rows in cb.block_pieces(block.path, block.start, block.end, names[block.path],
+                                    inputs.skip_bad):  # each piece made small at once
+            dense.append(cr.dense_features(rows.counts))
+            ids.append(rows.values if vocab else cr.hashed_ids(rows.values, buckets))
+            label.append(rows.label)
+            skipped += rows.skipped
+    except OSError as exc:  # reading (saving the part below is not bad input)
+        raise cr.CriteoError(f"{names[block.path]}: cannot be read: {exc}") from None
+    arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
+              ("values" if vocab else "sparse"): _join(
+                  ids, (cr.CATEGORICAL,), np.int64 if vocab else np.int32),
+              "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
+    parts.save(name, block.index, **arrays)
+    return arrays["values"] if vocab and counting else None
+
+
+def _join(pieces: list[np.ndarray], tail: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.zeros((0, *tail), dtype)
+
+
+# -- the vocabulary ---------------------------------------------------------------------
+
+
+def vocabulary(plans: dict[str, list[Block]], names: dict[str, str], inputs: Inputs,
+               parts: Parts, progress: Any, comm: Any) -> cv.Shard:
+    """Collective: parse both splits, counting the training values on their owners, and
+    this rank's vocabulary shard (kept in the work folder; one counted by as many ranks
+    before is read back instead)."""
+    shard_path = parts.path(f"vocab-{comm.rank}-of-{comm.size}.npz")
+    state = parts.load_state("vocabulary")
+    counted = state is not None and state.get("ranks") == comm.size
+    owned = None if counted else cv.OwnedCounts(int(inputs.rule.min_count or 1))
     for split in SPLITS:
-        if prep_run.allreduce(comm, len(rows[split].label)) == 0:
-            option = "--files" if split == "train" else "--val-files"
-            raise CriteoPrepError(f"{option}: no rows ({', '.join(inputs.files[split])})")
-    return rows
+        parse_split(split, plans[split], names, inputs, parts,
+                    owned if split == "train" else None, progress, comm)
+    if counted:
+        with np.load(shard_path) as saved:
+            return cv.Shard.from_arrays(saved)
+    shard = cv.make_shard(comm, owned)  # type: ignore[arg-type]
+    tmp = f"{shard_path}.tmp-{uuid.uuid4().hex[:8]}.npz"
+    np.savez(tmp, **shard.arrays())
+    os.replace(tmp, shard_path)
+    comm.Barrier()  # every shard saved before the state says so
+    if comm.rank == 0:
+        parts.save_state("vocabulary", {"ranks": comm.size})
+    return shard
 
 
-def id_maker(rule: IdRule, train: cr.Rows, comm: Any) -> tuple[list[int], Any]:
-    """Collective: the table sizes and a function from raw values to ids, alike on every rank."""
-    if rule.buckets is not None:
-        buckets = rule.buckets
-        return [buckets] * cr.CATEGORICAL, lambda values: cr.hashed_ids(values, buckets)
-    counts = cr.merge_counts(comm.allgather(cr.value_counts(train.values)))
-    vocab = cr.Vocabulary.from_counts(counts, int(rule.min_count or 1))
-    return vocab.table_sizes(), vocab.ids
+def map_split(split: str, n_blocks: int, shard: cv.Shard, parts: Parts, comm: Any) -> None:
+    """Collective: each of this rank's raw parts of `split` saved again with the ids its
+    values have in the vocabulary (asked of the owners, one round of blocks at a time)."""
+    mine = rank_blocks(n_blocks, comm.rank, comm.size)
+    rounds = max(len(rank_blocks(n_blocks, r, comm.size)) for r in range(comm.size))
+    for k in range(rounds):
+        index = mine[k] if k < len(mine) and not parts.done(split, mine[k]) else None
+        raw = parts.load(f"{split}-raw", index) if index is not None else None
+        # collective: the values' ids asked of their owners, and their questions answered
+        ids = cv.ask_ids(comm, np.asarray(raw["values"]) if raw else None, shard)
+        if raw is not None:
+            parts.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
+                       skipped=raw["skipped"])
 
 
-def split_attrs(split: str, n: int, sizes: list[int], inputs: Inputs, skipped: int,
+# -- writing ----------------------------------------------------------------------------
+
+
+def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skipped: int,
                 clicks: int) -> dict[str, Any]:
     schema = {"dense": {"shape": [n, cr.DENSE], "dtype": "float32"},
               "sparse": {"shape": [n, cr.CATEGORICAL], "dtype": "int32"},
@@ -191,39 +271,68 @@ def split_attrs(split: str, n: int, sizes: list[int], inputs: Inputs, skipped: i
             "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()}
 
 
-def write_split(out: str, split: str, rows: cr.Rows, ids: np.ndarray, attrs_of: Any,
-                comm: Any) -> str:
-    """Collective: OUT/SPLIT.h5 from every rank's rows, in rank order; its path."""
-    final = os.path.join(out, f"{split}.h5")
-    n_local = len(rows.label)
-    start, n = prep_run.exscan(comm, n_local), prep_run.allreduce(comm, n_local)
-    clicks = prep_run.allreduce(comm, int(rows.label.sum()))
-    skipped = prep_run.allreduce(comm, rows.skipped)
+def split_totals(split: str, n_blocks: int, parts: Parts, comm: Any) -> tuple[int, int, int]:
+    """Collective: (rows, clicks, bad lines skipped) of every rank's parts of `split`."""
+    rows = clicks = skipped = 0
+    for i in rank_blocks(n_blocks, comm.rank, comm.size):
+        part = parts.load(split, i)
+        rows += len(part["label"])
+        clicks += int(np.sum(part["label"], dtype=np.int64))
+        skipped += int(part["skipped"][0])
+    return tuple(prep_run.allreduce(comm, x) for x in (rows, clicks, skipped))  # type: ignore
+
+
+def write_split(out: str, split: str, n_blocks: int, totals: tuple[int, int, int],
+                sizes: Sequence[int], inputs: Inputs, parts: Parts, comm: Any) -> str:
+    """Collective: OUT/SPLIT.h5 from every rank's parts, in block order; its path."""
+    n, clicks, skipped = totals
     chunk = samples.chunk_rows(ROW_BYTES, n)
-    data = {"dense": cr.dense_features(rows.counts), "sparse": ids, "label": rows.label}
-    with prep_run.replacing(final, comm) as tmp, prep_run.create_h5(tmp, comm) as f:
-        dsets = {name: f.create_dataset(name, shape=(n, *a.shape[1:]), dtype=a.dtype,
-                                        chunks=(chunk, *a.shape[1:]), fill_time="never")
-                 for name, a in data.items()}
-        for key, value in attrs_of(split, n, skipped, clicks).items():
+
+    def datasets(f: Any, total: int) -> dict[str, Any]:
+        dsets = {name: f.create_dataset(name, shape=(total, *tail), dtype=dtype,
+                                        chunks=(chunk, *tail), fill_time="never")
+                 for name, tail, dtype in (("dense", (cr.DENSE,), np.float32),
+                                           ("sparse", (cr.CATEGORICAL,), np.int32),
+                                           ("label", (), np.uint8))}
+        for key, value in split_attrs(split, total, sizes, inputs, skipped, clicks).items():
             f.attrs[key] = value
-        for name, array in data.items():
-            if n_local:
-                dsets[name][start : start + n_local] = array
+        return dsets
+
+    final = os.path.join(out, f"{split}.h5")
+    prep_run.write_parts(final, parts, split, rank_blocks(n_blocks, comm.rank, comm.size),
+                         datasets, comm, SLAB_ROWS)
     return final
 
 
 def write(args: argparse.Namespace, inputs: Inputs, comm: Any) -> list[str]:
-    """Collective: read, agree, make the ids and write both splits; the paths written."""
-    rows = read_splits(inputs, args.skip_bad, comm)
-    sizes, to_ids = id_maker(inputs.rule, rows["train"], comm)
-    written = []
-    for split in SPLITS:
-        written.append(write_split(
-            args.out, split, rows[split], to_ids(rows[split].values),
-            lambda s, n, skipped, clicks: split_attrs(s, n, sizes, inputs, skipped, clicks),
-            comm))
-    return written
+    """Collective: parse, agree, make the ids and write both splits; the paths written."""
+    with Parts(args.out, RECIPE, inputs.fingerprint(), comm, args.resume) as parts:
+        plain = plain_files(inputs, parts, comm)
+        names = {path: name for split in SPLITS for path, name in plain[split]}
+        plans = {s: plan_blocks([(p, os.path.getsize(p)) for p, _ in plain[s]],
+                                inputs.block_bytes) for s in SPLITS}
+        total = sum(b.nbytes for s in SPLITS for b in plans[s])
+        progress = prep_run.Progress(comm, "parsing", total, "B", prog=PROG)
+        try:
+            if inputs.rule.buckets is not None:
+                sizes = [inputs.rule.buckets] * cr.CATEGORICAL
+                for split in SPLITS:
+                    parse_split(split, plans[split], names, inputs, parts, None, progress, comm)
+            else:
+                shard = vocabulary(plans, names, inputs, parts, progress, comm)
+                sizes = list(shard.table_sizes)
+        finally:
+            progress.close()
+        if inputs.rule.buckets is None:
+            for split in SPLITS:
+                map_split(split, len(plans[split]), shard, parts, comm)
+        totals = {s: split_totals(s, len(plans[s]), parts, comm) for s in SPLITS}
+        for split in SPLITS:  # before any file is written
+            if totals[split][0] == 0:
+                raise CriteoPrepError(f"{OPTION[split]}: no rows "
+                                      f"({', '.join(inputs.files[split])})")
+        return [write_split(args.out, split, len(plans[split]), totals[split], sizes, inputs,
+                            parts, comm) for split in SPLITS]
 
 
 # -- command line ---------------------------------------------------------------------
@@ -245,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bad", action="store_true",
                    help="leave out bad lines and count them (default: the first is an error)")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    prep_run.add_common_options(p)
     return p
 
 
@@ -255,6 +365,7 @@ def check(args: argparse.Namespace, comm: Any) -> Inputs:
         raise CriteoPrepError(f"--buckets must be in [2, 2**31), got {args.buckets}")
     if args.min_count is not None and args.min_count < 1:
         raise CriteoPrepError(f"--min-count must be at least 1, got {args.min_count}")
+    block_bytes = prep_run.block_bytes(args.block_mib)
     files = {"train": expand(args.files, "--files"),
              "val": expand(args.val_files, "--val-files")}
     both = {os.path.realpath(p) for p in files["train"]} & {
@@ -263,8 +374,8 @@ def check(args: argparse.Namespace, comm: Any) -> Inputs:
         raise CriteoPrepError(f"{sorted(both)[0]}: named in both --files and --val-files")
     prep_run.check_outputs(args.out, [f"{s}.h5" for s in SPLITS], args.overwrite,
                            refusal="{first} exists; pass --overwrite to replace it (nothing "
-                                   "was written)")
-    return Inputs(files, IdRule(args.buckets, args.min_count))
+                                   "was written)", resume=args.resume)
+    return Inputs(files, IdRule(args.buckets, args.min_count), block_bytes, args.skip_bad)
 
 
 def summary(paths: list[str], seconds: float, ranks: int) -> None:

@@ -17,6 +17,11 @@ part is written on the features exactly as `datasets/criteo.py` computes them
 row is what a model could learn: `oracle.json`'s ``oracle_auc`` is the AUC of
 those probabilities against the validation labels. `c` is solved for the
 requested click rate. A row depends only on (seed, split, index).
+
+With ``--terabyte-like DAYS`` it writes instead DIR/day_0.txt.. and DIR/val.txt
+for measuring preparation at scale: no signal, but vocabularies of the real
+logs' sizes (`ScaleSpec`), formatted at C speed (`format_lines`). Scale data is
+generated where it is used, never committed.
 """
 
 from __future__ import annotations
@@ -114,12 +119,8 @@ class CriteoSynth:
         cat_empty[:, :3] = False  # the user, the item and the context always known
         values = np.stack([hash_ids(ids[:, j], 1000 + j, 2**32) for j in range(cr.CATEGORICAL)],
                           axis=1)
-        lines = []
-        for r in range(n):
-            dense = ["" if dense_empty[r, j] else str(counts[r, j]) for j in range(cr.DENSE)]
-            cats = ["" if cat_empty[r, j] else f"{values[r, j]:08x}"
-                    for j in range(cr.CATEGORICAL)]
-            lines.append("\t".join([str(label[r]), *dense, *cats]).encode() + b"\n")
+        text = format_lines(label, counts, dense_empty, values, cat_empty)
+        lines = text.splitlines(keepends=True)
         return lines, label, prob
 
     def write(self, split: str, n: int, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +136,84 @@ class CriteoSynth:
         return np.concatenate(labels), np.concatenate(probs)
 
 
+# -- lines at C speed ----------------------------------------------------------------
+
+
+HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def format_lines(label: np.ndarray, counts: np.ndarray, dense_empty: np.ndarray,
+                 values: np.ndarray, cat_empty: np.ndarray) -> bytes:
+    """Criteo lines (each ending in a newline) of n rows: labels, counts (a field written
+    empty where `dense_empty`), values in [0, 2**32) as 8 lowercase hex digits (empty where
+    `cat_empty`). Each field is laid out in a fixed-width byte column padded with zero
+    bytes, and the zero bytes dropped at the end, so no Python runs per row."""
+    n = len(label)
+    tab = np.full((n, 1), ord("\t"), np.uint8)
+    width = max(len(str(int(counts.min(initial=0)))), len(str(int(counts.max(initial=0)))))
+    digits = counts.astype(f"S{width}").view(np.uint8).reshape(n, cr.DENSE, width).copy()
+    digits[dense_empty] = 0
+    shifts = np.arange(28, -1, -4, dtype=np.uint64)
+    nibbles = (values.astype(np.uint64)[..., None] >> shifts) & np.uint64(15)
+    hexes = HEX[nibbles.astype(np.intp)]
+    hexes[cat_empty] = 0
+    columns = [(np.asarray(label, np.uint8) + ord("0"))[:, None]]
+    columns += [c for j in range(cr.DENSE) for c in (tab, digits[:, j])]
+    columns += [c for j in range(cr.CATEGORICAL) for c in (tab, hexes[:, j])]
+    table = np.concatenate([*columns, np.full((n, 1), ord("\n"), np.uint8)], axis=1)
+    return table[table != 0].tobytes()
+
+
+# -- Terabyte-like cardinalities --------------------------------------------------------
+
+#: Distinct values each categorical field draws from, of the orders of the Criteo Terabyte
+#: logs' (a few fields with 10**8 values, several with 10**4..10**7, the rest small).
+TERABYTE_LIKE = (200_000_000, 40_000, 17_000, 7_000, 20_000, 3, 7_000, 1_500, 60,
+                 100_000_000, 3_000_000, 400_000, 10, 2_000, 12_000, 150, 4, 1_000, 14,
+                 300_000_000, 40_000_000, 200_000_000, 600_000, 13_000, 100, 36)
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """Rows for measuring preparation at scale: no planted signal, real-sized vocabularies.
+
+    Field j's value is the hash of k = floor((U_j + 1) ** u) - 1 for u uniform in [0, 1):
+    P(k) falls as 1 / (k + 1) over [0, U_j), so the big fields show millions of distinct
+    values in a few million rows and keep adding new ones, as the real logs do."""
+
+    seed: int = 0
+    click_rate: float = 0.03
+    empty_rate: float = 0.05
+    cardinalities: tuple[int, ...] = TERABYTE_LIKE
+
+
+def scale_block(spec: ScaleSpec, split: str, k: int, n: int) -> bytes:
+    """The lines of generation block `k` (rows k * BLOCK ..) of `split`."""
+    rng = np.random.default_rng([spec.seed, 7 + SPLITS[split], k])
+    counts = np.floor(np.exp(rng.standard_normal((n, cr.DENSE)) * 1.5 + 1.0)).astype(np.int64)
+    counts[rng.random(n) < 0.02, 1] = -1
+    u = rng.random((n, cr.CATEGORICAL))
+    sizes = np.asarray(spec.cardinalities, np.float64) + 1
+    picks = (np.floor(sizes ** u) - 1).astype(np.int64)
+    values = np.stack([hash_ids(picks[:, j], 3000 + j, 2**32) for j in range(cr.CATEGORICAL)],
+                      axis=1)
+    label = (rng.random(n) < spec.click_rate).astype(np.uint8)
+    return format_lines(label, counts, rng.random((n, cr.DENSE)) < spec.empty_rate,
+                        values, rng.random((n, cr.CATEGORICAL)) < spec.empty_rate)
+
+
+def write_scale(spec: ScaleSpec, split: str, n: int, paths: Sequence[str]) -> int:
+    """`n` rows of `split` spread evenly over `paths` (.gz ones gzipped); the bytes written."""
+    written = 0
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(_open_for_writing(p)) for p in paths]
+        for k in range(-(-n // BLOCK)):
+            text = scale_block(spec, split, k, min(BLOCK, n - k * BLOCK))
+            handles[k * len(handles) * BLOCK // max(n, 1)].write(text)
+            written += len(text)
+    return written
+
+
 def _open_for_writing(path: str) -> IO[bytes]:
     return gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")  # noqa: SIM115
 
@@ -146,9 +225,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     for name, value in asdict(d).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    p.add_argument("--terabyte-like", type=int, metavar="DAYS", default=0,
+                   help="instead: --rows rows over DAYS plain files OUT/day_*.txt and "
+                        "--val-rows in OUT/val.txt, with Terabyte-like cardinalities and no "
+                        "signal (for measuring preparation at scale)")
     args = p.parse_args(argv)
     spec = CriteoSynthSpec(**{k: getattr(args, k) for k in asdict(d)})
     os.makedirs(args.out, exist_ok=True)
+    if args.terabyte_like:
+        return write_terabyte_like(args.out, spec, args.terabyte_like)
     world = CriteoSynth(spec)
     world.write("train", spec.rows, [os.path.join(args.out, "train_0.txt"),
                                      os.path.join(args.out, "train_1.txt.gz")])
@@ -163,6 +248,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(os.path.join(args.out, "oracle.json"), "w") as fh:
         json.dump(oracle, fh, indent=1)
     print(json.dumps(oracle))
+    return 0
+
+
+
+def write_terabyte_like(out: str, spec: CriteoSynthSpec, days: int) -> int:
+    scale = ScaleSpec(seed=spec.seed, empty_rate=spec.empty_rate)
+    days_bytes = write_scale(scale, "train", spec.rows,
+                             [os.path.join(out, f"day_{i}.txt") for i in range(days)])
+    val_bytes = write_scale(scale, "val", spec.val_rows, [os.path.join(out, "val.txt")])
+    print(json.dumps({"train_rows": spec.rows, "train_bytes": days_bytes,
+                      "val_rows": spec.val_rows, "val_bytes": val_bytes}))
     return 0
 
 
