@@ -21,18 +21,15 @@ times its size, and a file that is shorter when read than when the ranks
 shared the files out is an error naming it.
 
 Nothing here depends on which process reads which rows, so any number of ranks
-give the same ids. `parse_lines` is pure; `range_lines` and `gzip_lines` are the
-reading (a gzip stream cannot be cut, so one reader takes a gzip file whole).
+give the same ids. `parse_lines` is pure; `criteo_blocks` reads the lines of a block
+of a file (gzip files are first decompressed whole, with `gzip_budget` as their limit).
 """
 
 from __future__ import annotations
 
-import gzip
-import mmap
 import os
 import re
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,8 +46,6 @@ CATEGORICAL_NAMES = tuple(f"C{j}" for j in range(1, CATEGORICAL + 1))
 EMPTY = -1
 EMPTY_ID, RARE_ID = 0, 1
 HEX_DIGITS = b"0123456789abcdefABCDEF"
-#: Bytes read per block of a byte range (bounds the memory of one read).
-BLOCK_BYTES = 32 << 20
 #: The longest valid line: the label, 13 counts of a sign and 18 digits, 26 values of 8
 #: hexadecimal digits, each after a tab.
 MAX_LINE_BYTES = 1 + DENSE * (1 + 19) + CATEGORICAL * (1 + 8)
@@ -264,44 +259,6 @@ def is_gzip(path: str) -> bool:
     return path.lower().endswith(".gz")
 
 
-def range_lines(path: str, lo: int, hi: int) -> Iterator[tuple[int, list[bytes]]]:
-    """Blocks of the lines of plain file `path` that start in bytes ``[lo, hi)`` (without
-    their ``\n`` or ``\r\n``; a line longer than `READ_LINE_BYTES` cut there), each with the
-    line number of its first line. A file now shorter than `hi` is a `CriteoError`."""
-    if lo >= hi:
-        return
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < hi:
-            raise CriteoError(f"{bounded.shown(path)}: {size} bytes now, but at least {hi} "
-                              "when the ranks shared out the files: it changed while being "
-                              "read (prepare from files that stay as they are)")
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            pos = 0 if lo == 0 else _after_newline(data, lo - 1)
-            line = 1 + _newlines(data, 0, pos)
-            while pos < hi:
-                cut = min(hi, pos + BLOCK_BYTES)
-                end = _after_newline(data, cut - 1)
-                lines = data[pos : min(end, cut + READ_LINE_BYTES)].split(b"\n")
-                if lines and not lines[-1]:
-                    lines.pop()  # the empty piece after the last line end
-                yield line, [x[:-1] if x.endswith(b"\r") else x for x in lines]
-                line += len(lines)
-                pos = end
-
-
-def _after_newline(data: mmap.mmap, at: int) -> int:
-    """The position just after the first ``\n`` at or after `at` (the end if none)."""
-    nl = data.find(b"\n", at)
-    return len(data) if nl < 0 else nl + 1
-
-
-def _newlines(data: mmap.mmap, lo: int, hi: int) -> int:
-    """``\n`` bytes in ``data[lo:hi]``, counted a block at a time."""
-    return sum(data[a : min(hi, a + BLOCK_BYTES)].count(b"\n")
-               for a in range(lo, hi, BLOCK_BYTES))
-
-
 def gzip_budget(path: str) -> int:
     """Bytes gzipped log `path` may expand to (`GZIP_EXPANSION`), lines counted as at least
     `MIN_ROW_BYTES` each."""
@@ -315,27 +272,3 @@ def gzip_bomb(path: str, line: int) -> CriteoError:
         f"{os.path.getsize(path)} compressed bytes; click logs compress about 4 times, so more "
         f"than {GZIP_EXPANSION} times is refused (a real log that compresses better can be "
         "read decompressed)")
-
-
-def gzip_lines(path: str, block: int = 1 << 16) -> Iterator[tuple[int, list[bytes]]]:
-    """Blocks of the lines of gzipped file `path`, each with the number of its first line
-    (a line longer than `READ_LINE_BYTES` cut there, the rest skipped unread); a damaged
-    stream, or one expanding past `gzip_budget`, is a `CriteoError` naming the file and the
-    last line read."""
-    line, pending, total = 1, [], 0
-    budget = gzip_budget(path)
-    try:
-        with gzip.open(path, "rb") as fh:
-            for raw in bounded.lines(fh, READ_LINE_BYTES):
-                total += max(len(raw) + 1, MIN_ROW_BYTES)
-                if total > budget:
-                    raise gzip_bomb(path, line + len(pending))
-                pending.append(raw.removesuffix(b"\r"))
-                if len(pending) == block:
-                    yield line, pending
-                    line, pending = line + len(pending), []
-    except (OSError, EOFError, zlib.error) as exc:
-        raise CriteoError(f"{bounded.shown(path)}: cannot be decompressed after line "
-                          f"{line + len(pending) - 1}: {exc}") from None
-    if pending:
-        yield line, pending

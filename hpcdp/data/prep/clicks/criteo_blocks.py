@@ -20,6 +20,9 @@ import uuid
 import zlib
 from collections.abc import Iterator
 
+import numpy as np
+
+from hpcdp.data.prep import bounded
 from hpcdp.data.prep.blocks import line_span, line_start
 from hpcdp.data.prep.clicks import criteo as cr
 from hpcdp.data.prep.clicks.criteo_fast import fast_rows
@@ -41,28 +44,53 @@ def block_pieces(path: str, start: int, end: int, name: str, skip_bad: bool
     """`read_block`'s rows a piece of about `PIECE_BYTES` at a time, in line order."""
     if end <= start:
         return
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        lo, hi = line_span(data, start, end)
-        while lo < hi:
-            cut = hi if lo + PIECE_BYTES >= hi else min(hi, line_start(data, lo + PIECE_BYTES))
-            yield _parse(data, lo, cut, name, skip_bad)
-            lo = cut
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < end:
+            raise cr.CriteoError(
+                f"{bounded.shown(name)}: {size} bytes now, but at least {end} when the work "
+                "was planned: it changed while being read (prepare from files that stay as "
+                "they are)")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield from _pieces(data, start, end, name, skip_bad)
+
+
+def _pieces(data: mmap.mmap, start: int, end: int, name: str, skip_bad: bool
+            ) -> Iterator[cr.Rows]:
+    lo, hi = line_span(data, start, end)
+    while lo < hi:
+        cut = hi if lo + PIECE_BYTES >= hi else min(hi, line_start(data, lo + PIECE_BYTES))
+        yield _parse(data, lo, cut, name, skip_bad)
+        lo = cut
 
 
 def _parse(data: mmap.mmap, lo: int, hi: int, name: str, skip_bad: bool) -> cr.Rows:
     """Rows of the lines in ``data[lo:hi]``: at C speed when all are plainly good, else by
     `criteo.parse_lines` (which names the first bad line or skips the bad ones)."""
-    rows = fast_rows(data[lo:hi])
-    if rows is not None:
-        return rows
-    lines = data[lo:hi].split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()  # the empty piece after the last line end
-    lines = [x[:-1] if x.endswith(b"\r") else x for x in lines]
+    if hi - lo <= PIECE_BYTES + cr.MAX_LINE_BYTES + 2:  # else it holds an over-long line
+        rows = fast_rows(data[lo:hi])
+        if rows is not None:
+            return rows
+    lines = bounded_lines(data, lo, hi)
     try:
         return cr.parse_lines(lines, name, 1, skip_bad)
     except cr.CriteoError:
         return cr.parse_lines(lines, name, 1 + newlines(data, lo), skip_bad)
+
+
+def bounded_lines(data: mmap.mmap, lo: int, hi: int) -> list[bytes]:
+    """The lines in ``data[lo:hi]`` without their ``\n`` or ``\r\n``, a line longer than
+    `criteo.READ_LINE_BYTES` cut there (bad whatever follows): a bad line of any length
+    costs its limit, not its length."""
+    lines = []
+    while lo < hi:
+        nl = data.find(b"\n", lo, hi)
+        stop = hi if nl < 0 else nl
+        line = data[lo : min(stop, lo + cr.READ_LINE_BYTES + 1)]
+        lines.append(line[:-1] if stop - lo <= cr.READ_LINE_BYTES and line.endswith(b"\r")
+                     else line)
+        lo = stop + 1
+    return lines
 
 
 def newlines(data: mmap.mmap, hi: int) -> int:
@@ -72,21 +100,59 @@ def newlines(data: mmap.mmap, hi: int) -> int:
 
 def gunzip(path: str, target: str) -> None:
     """Gzipped `path` decompressed to `target` (written under a temporary name and renamed,
-    so it is there whole or not at all); a damaged stream is a `CriteoError` naming the file
-    and the last whole line read."""
+    so it is there whole or not at all), lines longer than `criteo.READ_LINE_BYTES` cut
+    there; a damaged stream, or one expanding past `criteo.gzip_budget`, is a `CriteoError`
+    naming the file and the last whole line read."""
     tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-    lines = 0
+    lines, counted, budget = 0, 0, cr.gzip_budget(path)
+    cut = LineCutter(cr.READ_LINE_BYTES)
     try:
         with gzip.open(path, "rb") as src, open(tmp, "wb") as dst:
             while chunk := src.read(COPY_BYTES):
-                dst.write(chunk)
-                lines += chunk.count(b"\n")
-    except (OSError, EOFError, zlib.error) as exc:
+                out = cut(chunk)
+                ends = chunk.count(b"\n")
+                counted += max(len(out), ends * cr.MIN_ROW_BYTES)
+                if counted > budget:
+                    raise cr.gzip_bomb(path, lines + 1)
+                dst.write(out)
+                lines += ends
+    except (OSError, EOFError, zlib.error, cr.CriteoError) as exc:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(exc, cr.CriteoError):
+            raise  # expanding past its budget
         if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) \
                 and exc.errno is not None:
             raise  # the disk, not the file: not bad input
         raise cr.CriteoError(f"{path}: cannot be decompressed after line {lines}: {exc}"
                              ) from None
     os.replace(tmp, target)
+
+
+class LineCutter:
+    """Cuts the lines of a stream given in chunks to at most `limit` + 2 bytes each (a
+    longer line is bad whatever follows, so its rest is dropped): a decompressed log holding
+    one enormous line costs the limit on disk and in memory, not the line. A chunk with no
+    such line passes through unchanged, checked at C speed."""
+
+    def __init__(self, limit: int) -> None:
+        self.keep = limit + 2
+        self.open = 0  # bytes of the unfinished line so far (counted, not all kept)
+
+    def __call__(self, chunk: bytes) -> bytes:
+        ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10)
+        if not ends.size:
+            longest = self.open + len(chunk)
+        else:
+            longest = max(self.open + int(ends[0]), int(np.diff(ends).max(initial=1)) - 1,
+                          len(chunk) - int(ends[-1]) - 1)
+        if longest < self.keep:
+            self.open = self.open + len(chunk) if not ends.size else len(chunk) - int(ends[-1]) - 1
+            return chunk
+        parts = chunk.split(b"\n")
+        first = parts[0][: max(0, self.keep - self.open)]
+        if len(parts) == 1:
+            self.open += len(parts[0])
+            return first
+        self.open = len(parts[-1])
+        return b"\n".join([first, *(part[: self.keep] for part in parts[1:])])
