@@ -192,7 +192,11 @@ def from_data(cfg: Config, path: Path) -> Config:
     c = cfg.image
     if c.num_classes != AUTO:
         return cfg
-    count = class_count(str(path), c.y_name)
+    return with_num_classes(cfg, class_count(str(path), c.y_name))
+
+
+def with_num_classes(cfg: Config, count: int) -> Config:
+    """`cfg` with image.num_classes = `count` (a copy: `cfg` is left as it was)."""
     key, values = cfg.own_section()
     return dataclasses.replace(cfg, task_section=(key, dataclasses.replace(values,
                                                                            num_classes=count)))
