@@ -181,11 +181,12 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
 
 def from_data(cfg: Config, task: Task) -> Config:
     """The config with what it leaves to the data (the task's `from_data`: image.num_classes
-    = "auto") read from the training file, whose layout is checked first."""
+    = "auto") read from the training file, whose layout and dtypes are checked first."""
     if task.from_data is None or task.readers is not None:
         return cfg
-    path = Path(cfg.data.path) / cfg.data.train_file
-    checked_layout(path, [d.name for d in task.datasets(cfg)])
+    path, wanted = Path(cfg.data.path) / cfg.data.train_file, list(task.datasets(cfg))
+    checked_layout(path, [d.name for d in wanted])
+    check_kinds(path, wanted)
     return task.from_data(cfg, path)
 
 
