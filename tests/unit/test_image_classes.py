@@ -98,3 +98,17 @@ def test_label_range_reads_in_slices_and_sees_a_rewritten_file(
     assert image.label_range(str(path), "y") == (1, 7)
     write(path, [3, 1, 8, 2, 5, 0])  # another size: not answered from the cache
     assert image.label_range(str(path), "y") == (0, 8)
+
+
+def test_setup_fills_auto_after_checking_the_files_layout_and_dtypes(tmp_path: Path) -> None:
+    from hpcdp import tasks
+    from hpcdp.train import setup
+
+    task = tasks.get("image")
+    write(tmp_path / "train.h5", [0, 4, 2])
+    assert setup.from_data(config(tmp_path), task).image.num_classes == 5
+    with h5py.File(tmp_path / "train.h5", "w") as f:
+        f["x"] = np.zeros((3, 1, 2, 2), np.uint8)
+        f["y"] = np.array([0.0, 2.7, np.nan], np.float32)
+    with pytest.raises(ReaderError, match="labels 'y' have dtype float32; integer class"):
+        setup.from_data(config(tmp_path), task)
