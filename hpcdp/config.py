@@ -16,6 +16,7 @@ import os
 import pkgutil
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -366,8 +367,17 @@ def _describe(tp: Any) -> str:
 
 
 def coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check `value` against the declared type `tp`; ints widen to float, nothing else."""
+    """Check `value` against the declared type `tp`; ints widen to float, nothing else.
+
+    A union (`int | str`: a count or "auto") takes the first member that accepts it.
+    """
     origin = typing.get_origin(tp)
+    if origin is types.UnionType:
+        for member in typing.get_args(tp):
+            try:
+                return coerce(key, value, member)
+            except ConfigError:
+                continue
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -387,7 +397,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-    else:  # pragma: no cover - a field of an unsupported type is a bug here
+    elif origin is not types.UnionType:  # pragma: no cover - an unsupported type is a bug
         raise TypeError(f"{key}: unsupported field type {tp!r}")
     raise ConfigError(
         f"{key}: expected {_describe(tp)}, got {type(value).__name__} {value!r}"

@@ -13,6 +13,7 @@ import inspect
 import io
 import json
 import tokenize
+import types
 import typing
 from collections.abc import Mapping
 
@@ -58,6 +59,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _type_name(tp: typing.Any) -> str:
+    if typing.get_origin(tp) is types.UnionType:  # int | str: a count or "auto"
+        return " or ".join(_type_name(t) for t in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
         return f"list of {item.__name__}"

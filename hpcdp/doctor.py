@@ -214,7 +214,25 @@ def check_mpi() -> list[Check]:
     except Exception as exc:  # noqa: BLE001
         return [Check(FAIL, "mpi", f"cannot import mpi4py: {exc}")]
     version = MPI.Get_library_version().strip().splitlines()[0]
-    return [Check(OK, "mpi", version)]
+    root = root_check(os.geteuid(), version, os.environ)
+    return [Check(OK, "mpi", version), *([root] if root else [])]
+
+
+#: What Open MPI's mpirun needs to start as root (a container), as a shell line.
+ROOT_EXPORTS = "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+
+
+def root_check(euid: int, library: str, environ: Mapping[str, str]) -> Check | None:
+    """As root under Open MPI: whether mpirun will start, and the two exports it needs."""
+    if euid != 0 or "Open MPI" not in library:
+        return None
+    names = ROOT_EXPORTS.split()[1:]
+    if all(environ.get(n.split("=")[0]) == "1" for n in names):
+        return Check(OK, "root", "running as root; OMPI_ALLOW_RUN_AS_ROOT and _CONFIRM are "
+                     "set, so mpirun starts")
+    return Check(WARN, "root", f"running as root: Open MPI's mpirun refuses to start until "
+                 f"you run `{ROOT_EXPORTS}` (or pass --allow-run-as-root); horovodrun passes "
+                 "the flag itself; README.md, 'As root'")
 
 
 def check_hdf5() -> list[Check]:

@@ -19,6 +19,9 @@ it. The training package (hpcdp.train) asks the task for:
 - `check_file(cfg, path)` (optional): the values of a data file (ids inside
   their tables, labels in range), on every rank before any collective; raises
   with the file, field and rows;
+- `from_data(cfg, train_path)` (optional): the config with the values it leaves to the
+  data filled from the training file (image.num_classes = "auto"), once the file's
+  layout is checked and before `check_file`; the run records the filled values;
 - `defaults`: config values the task changes (any section), applied before the
   config file;
 - `section` (optional): the task's own config section (hpcdp.config.TaskSection):
@@ -124,6 +127,7 @@ class Task:
     optimizers: Callable[[Config, torch.nn.Module], list[torch.optim.Optimizer]]
     count: Callable[[Any], int] = _first_len
     check_file: Callable[[Config, Path], None] | None = None
+    from_data: Callable[[Config, Path], Config] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     section: TaskSection | None = None
     readers: Callable[[Config, int, int, int, torch.device],

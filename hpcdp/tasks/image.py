@@ -11,7 +11,10 @@ stores. Loss: cross entropy; metrics: loss and accuracy, both means over samples
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_empty, not_negative
 from hpcdp.data.read.augment import augment
-from hpcdp.data.read.samples import ReaderError
+from hpcdp.data.read.samples import ReaderError, open_h5
 from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
 
@@ -40,7 +43,10 @@ class ImageConfig:
     scale: float = 255.0  # integer inputs are divided by this
     mean: float = 0.0  # inputs become (x - mean) / std after scaling
     std: float = 1.0  # see image.mean
-    num_classes: int = 10  # outputs of the classifier
+    # outputs of the classifier; auto: the training file's count, the length of its
+    # 'classes' attribute (the image recipes store the class names) or, in a file without
+    # names, its largest label + 1. A label past a set count is refused at start.
+    num_classes: int | str = "auto"
     width: int = 0  # 0: the model's default width
     cifar_stem: bool = False  # 3x3 stem without max-pool, for 32x32 inputs
     # training batches only, keyed by (run.seed, epoch, sample): none | crop_flip (zero-pad,
@@ -57,7 +63,12 @@ class ImageConfig:
 
 def check(cfg: Config) -> None:
     c = cfg.image
-    at_least_one({"image.num_classes": c.num_classes})
+    if isinstance(c.num_classes, str):
+        if c.num_classes != AUTO:
+            raise ConfigError(f"image.num_classes={c.num_classes!r}: a class count (at least "
+                              f"1) or {AUTO!r} (the training file's)")
+    else:
+        at_least_one({"image.num_classes": c.num_classes})
     not_negative({"image.width": c.width, "image.crop_padding": c.crop_padding})
     if c.scale <= 0 or c.std <= 0:
         raise ConfigError("image.scale and image.std must be positive")
@@ -66,6 +77,10 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"image.crop_scale={c.crop_scale}: expected [low, high] with "
                           "0 < low <= high <= 1")
 
+
+AUTO = "auto"
+#: Labels read at a time when a file's labels are scanned (8 MiB of int64).
+LABEL_SCAN = 1 << 20
 
 #: Keys that were the shared sections' before the task had its own.
 MOVED = {**{f"data.{k}": k for k in ("x_name", "y_name", "scale", "mean", "std")},
@@ -80,7 +95,9 @@ def datasets(cfg: Config) -> Sequence[Dataset]:
 
 def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
     c = cfg.image
-    return build_model(cfg.model.name, sample_shape, c.num_classes, c.width, c.cifar_stem)
+    if c.num_classes == AUTO:  # setup fills it from the training file first (from_data)
+        raise ConfigError("image.num_classes is 'auto', and no training file has settled it")
+    return build_model(cfg.model.name, sample_shape, int(c.num_classes), c.width, c.cifar_stem)
 
 
 def sample_keys(cfg: Config) -> bool:
@@ -107,9 +124,97 @@ def file_stats(path: str, x_name: str) -> tuple[tuple[float, ...], tuple[float, 
     return mean, std
 
 
+def label_range(path: str, y_name: str) -> tuple[int, int]:
+    """(smallest, largest) label of `path`'s dataset `y_name`; (0, -1) when it has none."""
+    st = os.stat(path)
+    return _label_range(path, y_name, (st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _label_range(path: str, y_name: str, stamp: tuple[int, int]) -> tuple[int, int]:
+    # LABEL_SCAN labels at a time: a large file's labels are never in memory whole. The
+    # stamp (mtime, size) keeps a rewritten file from being answered from the cache.
+    lo, hi = 0, -1
+    with open_h5(path) as f:
+        y = f[y_name]
+        for a in range(0, y.shape[0], LABEL_SCAN):
+            part = np.asarray(y[a : a + LABEL_SCAN])
+            first = a == 0
+            lo = int(part.min()) if first else min(lo, int(part.min()))
+            hi = int(part.max()) if first else max(hi, int(part.max()))
+    return lo, hi
+
+
+def named_classes(path: str, y_name: str) -> int | None:
+    """How many classes `path` names: its 'classes' attribute (a JSON list, written by the
+    image recipes) or its label dataset's 'class_names'; None when it names none."""
+    with open_h5(path) as f:
+        raw = f.attrs.get("classes", f[y_name].attrs.get("class_names"))
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    try:
+        names = json.loads(raw) if isinstance(raw, str) else np.atleast_1d(raw).tolist()
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not names:
+        raise ReaderError(f"{path}: its class names ('classes' attribute) are not a list of "
+                          "names; set image.num_classes")
+    return len(names)
+
+
+def class_count(path: str, y_name: str) -> int:
+    """image.num_classes = "auto": the classes `path` names, else its largest label + 1."""
+    named = named_classes(path, y_name)
+    hi = label_range(path, y_name)[1]
+    if named is not None and hi >= named:
+        raise ReaderError(f"{path}: its largest label is {hi}, past the {named} classes its "
+                          "'classes' attribute names; set image.num_classes")
+    return named if named is not None else max(1, hi + 1)
+
+
+def label_error(path: str, y_name: str, lo: int, hi: int, num_classes: int) -> str | None:
+    """Why labels lo..hi do not fit a classifier of `num_classes` outputs, or None."""
+    if lo < 0:
+        return (f"{path}: label {lo} in {y_name!r} is negative; class labels run from 0 to "
+                "image.num_classes - 1")
+    if hi >= num_classes:
+        return (f"{path}: its largest label is {hi}, past image.num_classes = {num_classes} "
+                f"(the model outputs classes 0..{num_classes - 1}); set image.num_classes = "
+                f"{AUTO!r} to take the file's class count, or at least {hi + 1}")
+    return None
+
+
+def from_data(cfg: Config, path: Path) -> Config:
+    """The config with image.num_classes = "auto" made the training file's count (so the
+    run's config.toml and checkpoints record the number the model was built with)."""
+    c = cfg.image
+    if c.num_classes != AUTO:
+        return cfg
+    return with_num_classes(cfg, class_count(str(path), c.y_name))
+
+
+def with_num_classes(cfg: Config, count: int) -> Config:
+    """`cfg` with image.num_classes = `count` (a copy: `cfg` is left as it was)."""
+    key, values = cfg.own_section()
+    return dataclasses.replace(cfg, task_section=(key, dataclasses.replace(values,
+                                                                           num_classes=count)))
+
+
 def check_file(cfg: Config, path: Path) -> None:
-    if cfg.image.normalize == "file":
-        file_stats(str(path), cfg.image.x_name)
+    """Every label of `path` inside 0..image.num_classes - 1, and the stored statistics
+    where image.normalize uses them: on every rank, before any collective."""
+    c = cfg.image
+    if c.normalize == "file":
+        file_stats(str(path), c.x_name)
+    count = c.num_classes
+    if count == AUTO:  # a file scored alone (hpcdp eval) under a config left on auto
+        count = class_count(str(Path(cfg.data.path) / cfg.data.train_file), c.y_name)
+    lo, hi = label_range(str(path), c.y_name)
+    error = label_error(str(path), c.y_name, lo, hi, int(count))
+    if error:
+        raise ReaderError(error)
 
 
 @functools.lru_cache(maxsize=8)
@@ -183,6 +288,7 @@ TASK = Task(
     metrics=(Metric("loss", "mean"), Metric("acc", "mean")),
     optimizers=default_optimizers,
     check_file=check_file,
+    from_data=from_data,
     sample_keys=sample_keys,
     section=TaskSection("image", ImageConfig, check, choices=CHOICES, moved=MOVED),
 )

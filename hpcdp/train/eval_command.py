@@ -32,7 +32,7 @@ from hpcdp import config as cfgmod
 from hpcdp import tasks
 from hpcdp.config import Config, ConfigError
 from hpcdp.runtime.crash import report_crashes
-from hpcdp.tasks import Task
+from hpcdp.tasks import Task, image
 from hpcdp.train import accel
 from hpcdp.train import checkpoint_files as ckpt
 from hpcdp.train.trained import checkpoint_of, run_config
@@ -133,6 +133,8 @@ def build(req: Request, task: Task, rank: int, size: int, device: torch.device) 
     data = dataclasses.replace(cfg.data, path=str(req.file.parent),
                                train_file=req.file.name, val_file=req.file.name)
     cfg = dataclasses.replace(cfg, data=data)
+    if task.name == "image":  # the file's labels are checked against the model's outputs
+        cfg = image.with_num_classes(cfg, int(got.spec["num_classes"]))
     if not req.file.is_file():
         raise ConfigError(f"{req.file}: no such file")
     reader = setup.validation_reader(cfg, task, req.file, rank, size, eval_batch(cfg, size))

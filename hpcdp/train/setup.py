@@ -182,6 +182,17 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     return train_reader, val_reader, batch
 
 
+def from_data(cfg: Config, task: Task) -> Config:
+    """The config with what it leaves to the data (the task's `from_data`: image.num_classes
+    = "auto") read from the training file, whose layout and dtypes are checked first."""
+    if task.from_data is None or task.readers is not None:
+        return cfg
+    path, wanted = Path(cfg.data.path) / cfg.data.train_file, list(task.datasets(cfg))
+    checked_layout(path, [d.name for d in wanted])
+    check_kinds(path, wanted)
+    return task.from_data(cfg, path)
+
+
 def check_file(cfg: Config, task: Task, path: Path, wanted: list[Dataset]) -> None:
     """The dtype kinds and (the task's check) the values of one file, before any collective."""
     check_kinds(path, wanted)
@@ -317,6 +328,7 @@ def lr_rule_text(cfg: Config, update_batch: int) -> str:
 def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -> Run:
     """Every part of the run on this rank; raises on bad data or options (no collectives)."""
     check_runtime(cfg, device, size)
+    cfg = from_data(cfg, task)
     train_reader, val_reader, batch = readers(cfg, task, rank, size, device)
     net = model(cfg, task, tuple(train_reader.sample_shape), device)
     channels_last = accel.prepare_model(cfg, net, device)  # layout, TF32, torch.compile

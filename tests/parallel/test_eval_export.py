@@ -87,6 +87,16 @@ def test_eval_of_another_file_and_a_file_that_does_not_fit(ranks, make_data,
                 expect_ok=False)
     assert not bad.timed_out and bad.returncode != 0
     assert bad.output.count("the model takes 1 channels") >= 2, bad.output  # every rank
+    labelled = tmp_path / "labelled.h5"  # the run's model has 4 outputs (labels 0..3)
+    with h5py.File(labelled, "w") as f:
+        f["x"] = np.zeros((8, 1, 8, 8), np.uint8)
+        f["y"] = np.arange(8, dtype=np.int64)
+    # The model's outputs bound the labels, not a count the config is given.
+    bad = ranks(EVAL, "--run", str(run), "--file", str(labelled), "image.num_classes=9", np=2,
+                timeout=BOUND, expect_ok=False)
+    assert not bad.timed_out and bad.returncode != 0
+    assert bad.output.count("its largest label is 7, past image.num_classes = 4") >= 2, \
+        bad.output
 
 
 def write_tokens(path: Path, chain: mk.MarkovChain, split: int, docs: int) -> None:

@@ -237,7 +237,7 @@ def test_the_files_task_picks_the_task_defaults(tmp_path) -> None:
     f.write_text('[task]\nname = "lm"\n[data]\npath = "d"\n')
     assert c.build(f, [], task_defaults=task_defaults).lm.layers == 5
     image = c.build(f, ["task.name=image"], task_defaults=task_defaults)
-    assert "lm" not in image.sections() and image.image.num_classes == 10
+    assert "lm" not in image.sections() and image.image.num_classes == "auto"
     assert asked == ["lm", "image"]
 
 

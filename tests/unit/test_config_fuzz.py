@@ -65,7 +65,8 @@ LITERALS: dict[str, st.SearchStrategy[str]] = {
 }
 # What each declared type accepts; everything else is a wrong type.
 ACCEPTS = {int: {"int"}, float: {"int", "float"}, bool: {"bool"}, str: {"str"},
-           list[str]: {"list"}, list[float]: {"list"}, list[int]: {"list"}}
+           list[str]: {"list"}, list[float]: {"list"}, list[int]: {"list"},
+           int | str: {"int", "str"}}
 
 
 @st.composite

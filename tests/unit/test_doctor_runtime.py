@@ -55,3 +55,17 @@ def test_the_build_in_use_is_named() -> None:
     assert stock.detail.startswith("horovod 0.28.1 stock: stock Horovod")
     assert "partly" in build_check(BuildIdentity("0.28.1", frozenset({"wake-on-enqueue"}),
                                                  frozenset())).detail
+
+
+def test_root_under_open_mpi_gets_the_two_exports() -> None:
+    from hpcdp.doctor import ROOT_EXPORTS, root_check
+
+    ompi = "Open MPI v4.1.4, package: Debian OpenMPI"
+    warned = root_check(0, ompi, {"OMPI_ALLOW_RUN_AS_ROOT": "1"})
+    assert warned is not None and warned.status == WARN
+    assert f"`{ROOT_EXPORTS}`" in warned.detail
+    assert ROOT_EXPORTS == "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+    both = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert root_check(0, ompi, both).status == OK
+    assert root_check(1000, ompi, {}) is None  # not root: nothing to say
+    assert root_check(0, "MPICH Version: 4.0", {}) is None  # only Open MPI refuses root

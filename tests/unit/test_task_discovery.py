@@ -100,7 +100,7 @@ def test_a_section_of_another_task_names_its_task() -> None:
 
 def test_a_hand_made_config_reads_its_tasks_section() -> None:
     cfg = c.Config()
-    assert cfg.image.num_classes == 10 and cfg.to_dict()["image"]["x_name"] == "x"
+    assert cfg.image.num_classes == "auto" and cfg.to_dict()["image"]["x_name"] == "x"
     with pytest.raises(AttributeError, match="no section 'lm'"):
         cfg.lm  # noqa: B018
 

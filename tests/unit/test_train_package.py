@@ -72,7 +72,7 @@ def test_the_shipped_config_selects_the_image_task() -> None:
     from hpcdp import tasks
 
     cfg = cfgmod.build(PKG / "configs" / "digits.toml", [], tasks.defaults)
-    assert cfg.task.name == "image" and cfg.image.num_classes == 10
+    assert cfg.task.name == "image" and cfg.image.num_classes == "auto"
     task = tasks.get(cfg.task.name)
     task.check_model(cfg.model.name)
     with pytest.raises(ConfigError, match="unknown model 'vgg11' for task 'image'"):
