@@ -12,18 +12,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import corpus as tc
+from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import recipe as tp
 from hpcdp.data.read.tokens import TokenReader, TokenReaderError
 
 
 def test_line_spans() -> None:
     data = b"ab\n\ncd\r\nefg"
-    spans = tp.line_spans(data, 0, 0, len(data))
+    spans = tc.line_spans(data, 0, 0, len(data))
     assert [data[s.start : s.stop] for s in spans] == [b"ab", b"cd", b"efg"]
     # A range starting mid-line leaves that line to the previous range.
-    assert [data[s.start : s.stop] for s in tp.line_spans(data, 0, 1, len(data))] == [b"cd",
+    assert [data[s.start : s.stop] for s in tc.line_spans(data, 0, 1, len(data))] == [b"cd",
                                                                                      b"efg"]
-    assert [data[s.start : s.stop] for s in tp.line_spans(data, 0, 4, 5)] == [b"cd"]
+    assert [data[s.start : s.stop] for s in tc.line_spans(data, 0, 4, 5)] == [b"cd"]
 
 
 @given(st.lists(st.sampled_from([b"a", b"bb", b"\n", b"\r\n", b"xyz"]), max_size=30),
@@ -31,8 +33,8 @@ def test_line_spans() -> None:
 def test_any_cut_of_the_bytes_gives_each_line_once(parts: list[bytes], cuts: list[int]) -> None:
     data = b"".join(parts)
     bounds = sorted({0, len(data), *(min(c, len(data)) for c in cuts)})
-    pieces = [s for a, b in zip(bounds, bounds[1:]) for s in tp.line_spans(data, 0, a, b)]
-    assert pieces == tp.line_spans(data, 0, 0, len(data))
+    pieces = [s for a, b in zip(bounds, bounds[1:]) for s in tc.line_spans(data, 0, a, b)]
+    assert pieces == tc.line_spans(data, 0, 0, len(data))
     assert [data[s.start : s.stop] for s in pieces] == [
         line.rstrip(b"\r") for line in data.split(b"\n") if line.rstrip(b"\r")]
 
@@ -43,9 +45,12 @@ def test_validation_documents_are_evenly_spread(docs: int, fraction: float) -> N
     assert len(val) == int(docs * fraction)
 
 
-def test_file_owner_is_contiguous_by_bytes() -> None:
-    assert tp.file_owner([0, 10, 20, 90], 100, 2) == [0, 0, 0, 1]
-    assert tp.file_owner([0, 0], 0, 4) == [0, 0]
+@given(st.integers(0, 300), st.integers(1, 300), st.floats(0.0, 0.99))
+def test_a_blocks_validation_mask_is_the_rule(first: int, n: int, fraction: float) -> None:
+    got = passes.val_mask(first, n, fraction).tolist()
+    assert got == [tp.is_val(g, fraction) for g in range(first, first + n)]
+    assert tp.split_totals(first + n, fraction)["val"] == sum(
+        tp.is_val(g, fraction) for g in range(first + n))
 
 
 def corpus(root: Path, texts: list[str]) -> str:

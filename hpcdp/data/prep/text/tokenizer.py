@@ -56,6 +56,28 @@ class Tokenizer:
                     for e in encs]
         return out
 
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's ids, each followed by the end id, as one array of the file's
+        dtype; and each document's token count. Converted batch by batch, so a block's
+        tokens are never held as Python lists."""
+        dtype = tk.token_dtype(self.vocab_size)
+        lengths = np.zeros(len(texts), np.int64)
+        if self._hf is None:
+            raw = [t.encode() for t in texts]
+            lengths[:] = [len(r) + 1 for r in raw]
+            flat = np.frombuffer(b"".join(raw), np.uint8).astype(dtype)
+            ends = np.cumsum(lengths - 1)  # where each document's bytes end in `flat`
+            return np.insert(flat, ends, self.eod_id), lengths
+        pieces: list[np.ndarray] = []
+        for a in range(0, len(texts), ENCODE_BATCH):
+            encs = self._hf.encode_batch(list(texts[a : a + ENCODE_BATCH]),
+                                         add_special_tokens=False)
+            for i, e in enumerate(encs):
+                lengths[a + i] = len(e.ids) + 1
+            pieces.append(np.fromiter((t for e in encs for t in (*e.ids, self.eod_id)),
+                                      dtype, int(lengths[a : a + len(encs)].sum())))
+        return (np.concatenate(pieces) if pieces else np.zeros(0, dtype)), lengths
+
 
 def byte_level() -> Tokenizer:
     return Tokenizer(tk.BYTES_TOKENIZER, tk.BYTES_VOCAB, tk.BYTES_EOD,

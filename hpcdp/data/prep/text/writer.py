@@ -89,3 +89,59 @@ def report_written(prog: str, paths: Sequence[str]) -> None:
         info = tk.validate_tokens(path)
         print(f"{prog}: wrote {path}: {info.num_documents} documents, {info.num_tokens} "
               f"tokens (vocabulary {info.vocab_size}, tokenizer {info.tokenizer})", flush=True)
+
+
+# -- from the parts of a streaming preparation -----------------------------------------
+
+
+def split_counts(lengths: np.ndarray, keep: np.ndarray) -> tuple[int, int]:
+    """(documents, tokens) of one block that one split keeps."""
+    return int(keep.sum()), int(lengths[keep].sum())
+
+
+def write_split_parts(out_dir: str, name: str, parts: Any, mine: range, firsts: np.ndarray,
+                      select: Any, meta: tk.TokenMeta, comm: Any) -> str:
+    """Collective: ``out_dir/NAME.h5`` from the tokenized blocks' parts (this rank's:
+    `mine`), each block's documents that ``select(first_doc, lengths)`` keeps (a boolean
+    mask); `firsts` is every block's first global document.
+
+    The two datasets have different lengths (tokens and documents), so each block has
+    two offsets, both exclusive prefix sums over the blocks of what the split keeps;
+    each rank writes its blocks' slices independently, one block in memory at a time.
+    The largest token id is found while writing and set last, the same on every rank.
+    """
+    final = os.path.join(out_dir, f"{name}.h5")
+    mine_counts = []
+    for b in mine:
+        lengths = np.asarray(parts.load("docs", b)["lengths"])
+        mine_counts.append((b, *split_counts(lengths, select(int(firsts[b]), lengths))))
+    docs, toks = np.zeros(len(firsts), np.int64), np.zeros(len(firsts), np.int64)
+    for got in comm.allgather(mine_counts):
+        for b, d, t in got:
+            docs[b], toks[b] = d, t
+    total_doc, total_tok = int(docs.sum()), int(toks.sum())
+    if total_doc == 0:
+        raise TokenPrepError(f"{final}: the {name} split has no documents")
+    doc_at, tok_at = np.cumsum(docs) - docs, np.cumsum(toks) - toks
+    top = 0
+    with prep_run.replacing(final, comm) as tmp, prep_run.create_h5(tmp, comm) as f:
+        tokens, offsets = tk.create_datasets(f, meta, total_tok, total_doc, 0)
+        for b in mine:
+            part = parts.load("docs", b)
+            lengths = np.asarray(part["lengths"])
+            keep = select(int(firsts[b]), lengths)
+            kept = np.asarray(part["tokens"])[np.repeat(keep, lengths)]
+            del part
+            top = max(top, int(kept.max()) if len(kept) else 0)
+            _write_tokens(tokens, [kept], int(tok_at[b]), meta.dtype)
+            if docs[b]:
+                local = tk.offsets_from_lengths(lengths[keep], int(tok_at[b]))
+                offsets[doc_at[b] : doc_at[b] + docs[b]] = local[:-1]
+        if comm.rank == comm.size - 1:
+            offsets[total_doc : total_doc + 1] = [total_tok]
+        top = prep_run.allreduce(comm, top, "max")
+        if top >= meta.vocab_size:
+            raise TokenPrepError(f"{final}: token id {top} is outside the vocabulary of "
+                                 f"{meta.vocab_size}")
+        f.attrs["max_token_id"] = top
+    return final
