@@ -32,6 +32,7 @@ from hpcdp.data.prep.frame import (
     PrepError,
     Progress,
     agree,
+    allreduce,
     check_world,
     say,
     world,
@@ -158,10 +159,18 @@ def decode_all(args: argparse.Namespace, layout: folder.Layout, parts: Parts,
     per_block = iw.items_per_block(args.size, _block_bytes(args))
     total = sum(len(e) for e in layout.splits.values())
     progress = Progress(comm, "decoded", total, "files")
-    mine, error = {}, None
+    mine, error, saved, n_blocks = {}, None, 0, 0
     for name, entries in layout.splits.items():
         blocks = bk.plan_items(len(entries), per_block)
         mine[name] = bk.rank_blocks(len(blocks), comm.rank, comm.size)
+        saved += sum(parts.done(name, b) for b in mine[name])
+        n_blocks += len(blocks)
+    saved = allreduce(comm, saved)
+    if saved and comm.rank == 0:
+        print(f"{PROG}: --resume: {saved} of {n_blocks} blocks were saved by the stopped run",
+              file=sys.stderr, flush=True)
+    for name, entries in layout.splits.items():
+        blocks = bk.plan_items(len(entries), per_block)
         error = error or iw.decode_blocks(name, entries, blocks, mine[name], args.size,
                                           args.fit, parts, progress)
     progress.close()

@@ -221,6 +221,14 @@ def fingerprint(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
             "bpe_sample_bytes": args.bpe_sample_bytes, "block_bytes": _block_bytes(args)}
 
 
+def report_resumed(comm: Any, saved: int, total: int) -> None:
+    """Collective: rank 0 says how many blocks a stopped run had saved (when any)."""
+    saved = prep_run.allreduce(comm, saved)
+    if saved and comm.rank == 0:
+        print(f"{PROG}: --resume: {saved} of {total} blocks were saved by the stopped run",
+              file=sys.stderr, flush=True)
+
+
 def _block_bytes(args: argparse.Namespace) -> int:
     return max(1, int(args.block_mib * MIB))
 
@@ -231,6 +239,7 @@ def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[st
     blocks = corpus.blocks(_block_bytes(args))
     mine = bk.rank_blocks(len(blocks), comm.rank, comm.size)
     parts = Parts(args.out, RECIPE, fingerprint(args, corpus), comm, args.resume)
+    report_resumed(comm, sum(parts.done(passes.DOCS, b) for b in mine), len(blocks))
     try:
         tok = make_tokenizer(args, corpus, blocks, mine, parts, comm)
         progress = prep_run.Progress(comm, "tokenized", corpus.total, "B")
