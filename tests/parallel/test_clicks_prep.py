@@ -57,7 +57,8 @@ def test_an_existing_output_is_kept_unless_overwrite(ranks, tmp_path: Path) -> N
                 np=2, timeout=120, expect_ok=False)
     assert not run.timed_out and run.returncode != 0, run.describe()
     for rank in (0, 1):
-        assert f"[rank {rank}] clicks: error: {out}/train.h5 exists; pass --overwrite" in run.output
+        assert (f"[rank {rank}] hpcdp prep clicks: error: {out}/train.h5 exists; pass "
+                "--overwrite") in run.output
     assert {p.name: _digest(p) for p in out.glob("*.h5")} == before
     ranks([sys.executable, str(SCRIPT)], "--out", str(out), *small, "--seed", "9",
           "--overwrite", np=2, timeout=120)

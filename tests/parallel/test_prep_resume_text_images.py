@@ -75,8 +75,8 @@ def resume_and_compare(ranks, main, argv: list[str], out: Path, whole: Path, sav
     assert main(argv[2:]) != 0
     assert "--resume" in capsys.readouterr().err
     run = ranks(argv + ["--resume"], np=2, timeout=120)
-    reused = re.search(r"--resume: (\d+) of (\d+) blocks were saved", run.output)
-    assert reused and int(reused[1]) >= saved // 2 > 0, run.describe()  # images: 2 a block
+    reused = re.findall(r": resuming: (\d+) of \d+ blocks already done", run.output)
+    assert sum(map(int, reused)) >= saved // 2 > 0, run.describe()  # images: 2 parts a block
     for split in ("train.h5", "val.h5"):
         same_files(whole / split, out / split)
     assert not (out / WORK).exists()

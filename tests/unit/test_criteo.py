@@ -165,7 +165,7 @@ def test_a_bad_line_is_named_and_nothing_written(tmp_path: Path, capsys, name: s
     write_log(bad, 150, 5, bad={77: row(counts=["1", "2", "three", *["0"] * 10])})
     out = tmp_path / "out"
     assert cp.main(["--files", *train, "--val-files", *val, "--out", str(out),
-                    "--buckets", "100"]) == 1
+                    "--buckets", "100"]) == 2
     assert f"{bad}: line 77: count I3 = 'three' is not an integer" in capsys.readouterr().err
     assert not list(out.iterdir())
     assert cp.main(["--files", *train, "--val-files", *val, "--out", str(out),
@@ -188,7 +188,7 @@ def test_bad_options(tmp_path: Path, capsys, monkeypatch, named: dict[str, str],
     train, val = logs(tmp_path / "logs")
     monkeypatch.chdir(tmp_path)
     files = {"--files": train[0], "--val-files": val[0], **named}
-    assert cp.main([*(x for kv in files.items() for x in kv), "--out", "out", *rule]) == 1
+    assert cp.main([*(x for kv in files.items() for x in kv), "--out", "out", *rule]) == 2
     assert problem in capsys.readouterr().err
 
 
@@ -196,12 +196,12 @@ def test_a_file_in_both_splits_and_an_existing_output(tmp_path: Path, capsys) ->
     train, val = logs(tmp_path / "logs")
     out = tmp_path / "out"
     assert cp.main(["--files", *train, "--val-files", str(tmp_path / "logs" / "day_0.txt"),
-                    "--out", str(out), "--buckets", "9"]) == 1
+                    "--out", str(out), "--buckets", "9"]) == 2
     assert "day_0.txt: named in both --files and --val-files" in capsys.readouterr().err
     out.mkdir(exist_ok=True)
     (out / "val.h5").write_bytes(b"precious")
     assert cp.main(["--files", *train, "--val-files", *val, "--out", str(out),
-                    "--buckets", "9"]) == 1
+                    "--buckets", "9"]) == 2
     assert f"{out / 'val.h5'} exists; pass --overwrite" in capsys.readouterr().err
     assert (out / "val.h5").read_bytes() == b"precious" and not (out / "train.h5").exists()
 

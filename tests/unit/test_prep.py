@@ -157,7 +157,7 @@ def test_bad_input_fails_clearly_and_keeps_the_old_file(
 
 
 def test_failure_while_writing_leaves_the_old_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -167,6 +167,13 @@ def test_failure_while_writing_leaves_the_old_file(
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(src.Synthetic, "slab", broken)
-    assert prep.main(["synthetic", "--samples", "100", "--out", str(out), "--overwrite"]) == 1
+    argv = ["synthetic", "--samples", "100", "--out", str(out), "--overwrite"]
+    assert prep.main(argv) == 1
     assert (out / "train.h5").read_bytes() == b"previous good file"
-    assert [p.name for p in out.iterdir()] == ["train.h5"]  # no temporary left behind
+    # no temporary left behind; the work folder stays for --resume, and says so
+    assert sorted(p.name for p in out.iterdir()) == [".hpcdp-prep", "train.h5"]
+    monkeypatch.undo()
+    assert prep.main(argv) == 2
+    assert "partial preparation is there" in capsys.readouterr().err
+    assert prep.main([*argv, "--resume"]) == 0
+    assert [p.name for p in out.iterdir()] == ["train.h5"]

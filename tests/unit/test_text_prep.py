@@ -119,7 +119,7 @@ def test_tokenizer_without_the_end_token(tmp_path: Path, capsys) -> None:
                     "--out", str(tmp_path / "o"), "--eod-token", "</doc>", "--val-fraction",
                     "0.2"]) == 0
     assert tp.main(["--files", files, "--tokenizer", str(tmp_path / "o" / "tokenizer.json"),
-                    "--out", str(tmp_path / "o2"), "--val-fraction", "0"]) == 1
+                    "--out", str(tmp_path / "o2"), "--val-fraction", "0"]) == 2
     assert "has no end-of-document token '<|endoftext|>'" in capsys.readouterr().err
 
 
@@ -129,7 +129,7 @@ def test_invalid_utf8_names_file_and_offset(tmp_path: Path, capsys) -> None:
     bad.write_bytes("λόγος ".encode() * 3 + b"\xc3\x28 tail")
     for lines in ([], ["--lines"]):
         assert tp.main(["--files", files, "--out", str(tmp_path / "o"), "--val-fraction", "0.3",
-                        *lines]) == 1
+                        *lines]) == 2
         assert f"{bad}: invalid UTF-8 at byte offset 33" in capsys.readouterr().err
     assert not (tmp_path / "o" / "train.h5").exists()
 
@@ -142,12 +142,12 @@ def test_invalid_utf8_names_file_and_offset(tmp_path: Path, capsys) -> None:
 def test_bad_corpus(tmp_path: Path, capsys, texts: list[str], args: list[str],
                     problem: str) -> None:
     files = corpus(tmp_path / "c", texts)
-    assert tp.main(["--files", files, "--out", str(tmp_path / "o"), *args]) == 1
+    assert tp.main(["--files", files, "--out", str(tmp_path / "o"), *args]) == 2
     assert problem in capsys.readouterr().err
 
 
 def test_pattern_matching_nothing(tmp_path: Path, capsys) -> None:
-    assert tp.main(["--files", str(tmp_path / "none*.txt"), "--out", str(tmp_path / "o")]) == 1
+    assert tp.main(["--files", str(tmp_path / "none*.txt"), "--out", str(tmp_path / "o")]) == 2
     assert "matches no file" in capsys.readouterr().err
 
 
@@ -157,7 +157,7 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path: Path, capsys) -> Non
     assert tp.main(["--files", files, "--out", str(out)]) == 0
     before = (out / "train.h5").read_bytes()
     corpus(tmp_path / "c", ["changed text"] * 30)
-    assert tp.main(["--files", files, "--out", str(out)]) == 1
+    assert tp.main(["--files", files, "--out", str(out)]) == 2
     assert "train.h5, val.h5 already exist; pass --overwrite" in capsys.readouterr().err
     assert (out / "train.h5").read_bytes() == before
     assert tp.main(["--files", files, "--out", str(out), "--overwrite"]) == 0

@@ -12,8 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import corpus as tc
+from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import recipe as tp
 from hpcdp.data.prep.text.writer import TokenPrepError
 
@@ -134,7 +134,7 @@ def test_a_bad_record_is_named_by_file_and_line(tmp_path: Path, capsys, line: by
         if name.endswith(".gz"):
             data = gzip.compress(data)
         (root / name).write_bytes(data)
-        assert tp.main(["--files", str(root / name), "--out", str(tmp_path / "o")]) == 1
+        assert tp.main(["--files", str(root / name), "--out", str(tmp_path / "o")]) == 2
         assert f"{root / name}: {problem}" in capsys.readouterr().err
         assert not (tmp_path / "o" / "train.h5").exists()
         (root / name).unlink()
@@ -148,18 +148,18 @@ def test_a_bad_parquet_value_is_named_by_row_group_and_row(tmp_path: Path, capsy
                                                            values: list, problem: str) -> None:
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"text": (values * 3)[:5]}), path, row_group_size=2)
-    assert tp.main(["--files", str(path), "--out", str(tmp_path / "o")]) == 1
+    assert tp.main(["--files", str(path), "--out", str(tmp_path / "o")]) == 2
     assert f"{path}: {problem}" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
 def test_parquet_without_the_column_or_pyarrow(tmp_path: Path, capsys, monkeypatch) -> None:
     files = as_parquet(tmp_path / "p", DOCS)
-    assert tp.main(["--files", *files, "--out", str(tmp_path / "o"), "--field", "body"]) == 1
+    assert tp.main(["--files", *files, "--out", str(tmp_path / "o"), "--field", "body"]) == 2
     assert f"{tmp_path / 'p' / 'a.parquet'}: no column 'body' (see --field; it has 'id', " \
            "'text')" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if not installed
-    assert tp.main(["--files", *files, "--out", str(tmp_path / "o")]) == 1
+    assert tp.main(["--files", *files, "--out", str(tmp_path / "o")]) == 2
     assert "a.parquet: reading Parquet needs pyarrow (pip install pyarrow" in (
         capsys.readouterr().err)
 
@@ -167,7 +167,7 @@ def test_parquet_without_the_column_or_pyarrow(tmp_path: Path, capsys, monkeypat
 def test_a_truncated_gzip_is_named(tmp_path: Path, capsys) -> None:
     path = tmp_path / "t.jsonl.gz"
     path.write_bytes(gzip.compress(jsonl_bytes(DOCS * 20))[:-400])
-    assert tp.main(["--files", str(path), "--out", str(tmp_path / "o")]) == 1
+    assert tp.main(["--files", str(path), "--out", str(tmp_path / "o")]) == 2
     assert f"{path}: cannot be decompressed after line" in capsys.readouterr().err
 
 

@@ -1,47 +1,101 @@
-"""Bounded blocks of a preparation's input (pure): byte ranges of files, or ranges of items.
+"""How a preparation's input is cut into blocks and the blocks shared over the ranks (pure).
 
-Placeholder with the agreed API until the frame's own module is merged.
+A block is the unit of reading, of a per-rank part file and of resuming: a byte range of
+one input file (lines, records) or a range of input items (image files). The list of
+blocks depends on the inputs and the block size only, never on the number of ranks, and
+the final file holds the blocks' rows in block order: so 1 and N ranks write the same
+file, and a resumed run finds the same blocks as the run it continues. A rank holds one
+block of input at a time, so its memory does not grow with the input.
+
+Lines belong to the block that holds their first byte: a reader of block ``[start, end)``
+starts at the first line beginning at or after `start` (after the first newline at or after
+``start - 1``; at 0 when `start` is 0) and reads through the line that crosses `end` (the
+last line beginning before `end`). Every line is then in exactly one block (`line_start`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-#: Input bytes a rank reads, parses or decodes at once (``--block-mib``).
+#: Bytes of input per block by default (``--block-mib``): large enough that per-block
+#: overheads (a part file, a message to rank 0) vanish, small enough for any node.
 DEFAULT_BLOCK_BYTES = 64 << 20
+
+
+def byte_range(size: int, rank: int, nranks: int) -> tuple[int, int]:
+    """Rank `rank`'s share ``[lo, hi)`` of `size` bytes (or items): contiguous, even."""
+    return rank * size // nranks, (rank + 1) * size // nranks
+
+
+def rank_blocks(n_blocks: int, rank: int, size: int) -> range:
+    """Rank `rank`'s blocks: a contiguous run, the runs in rank order and within one of
+    each other in length, so that rank order is block order."""
+    lo, hi = byte_range(n_blocks, rank, size)
+    return range(lo, hi)
 
 
 @dataclass(frozen=True)
 class Block:
-    """Bytes ``[start, end)`` of `path`: global block `index` in input order."""
+    """One unit of input: bytes ``[start, end)`` of `path`, or the input items `items`
+    (positions in the recipe's list of files) for file-based inputs. `index` is its place
+    in the global, rank-independent list of blocks."""
 
     index: int
-    path: str
-    start: int
-    end: int
+    path: str = ""
+    start: int = 0
+    end: int = 0
+    items: range = range(0)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
 
 
-def byte_range(size: int, rank: int, nranks: int) -> tuple[int, int]:
-    """Rank `rank`'s share ``[lo, hi)`` of `size` bytes."""
-    return rank * size // nranks, (rank + 1) * size // nranks
-
-
-def plan_blocks(files: Sequence[tuple[str, int]], block_bytes: int) -> list[Block]:
-    """Each file cut into byte ranges of at most `block_bytes`, in input order."""
-    out: list[Block] = []
+def plan_blocks(files: Sequence[tuple[str, int]], block_bytes: int,
+                whole: Callable[[str], bool] = lambda path: False) -> list[Block]:
+    """The blocks of `files` (path, size in bytes), in input order: each file's bytes cut
+    every `block_bytes`; a file that cannot be entered midway (``whole(path)``, e.g. gzip)
+    is one block; an empty file none."""
+    if block_bytes < 1:
+        raise ValueError(f"block size must be at least 1 byte, got {block_bytes}")
+    blocks: list[Block] = []
     for path, size in files:
-        for start in range(0, max(size, 1), block_bytes):
-            out.append(Block(len(out), path, start, min(size, start + block_bytes)))
-    return out
+        step = size if whole(path) else block_bytes
+        for start in range(0, size, max(1, step)):
+            blocks.append(Block(len(blocks), path, start, min(size, start + step)))
+    return blocks
 
 
 def plan_items(n_items: int, items_per_block: int) -> list[range]:
-    """Items ``0..n_items`` cut into ranges of at most `items_per_block`."""
-    step = max(1, items_per_block)
-    return [range(a, min(n_items, a + step)) for a in range(0, n_items, step)]
+    """Items ``0..n_items-1`` cut into consecutive ranges of `items_per_block` (the last
+    shorter), for inputs that are lists of files."""
+    if items_per_block < 1:
+        raise ValueError(f"items per block must be at least 1, got {items_per_block}")
+    return [range(a, min(n_items, a + items_per_block))
+            for a in range(0, n_items, items_per_block)]
 
 
-def rank_blocks(n_blocks: int, rank: int, size: int) -> range:
-    """Rank `rank`'s contiguous, even share of `n_blocks` blocks."""
-    return range(rank * n_blocks // size, (rank + 1) * n_blocks // size)
+def items_per_block(item_bytes: int, block_bytes: int) -> int:
+    """Items of about `item_bytes` each that fill a block of `block_bytes` (at least 1)."""
+    return max(1, block_bytes // max(1, item_bytes))
+
+
+def line_start(data: Any, start: int) -> int:
+    """Where the first line beginning at or after `start` begins in `data` (bytes, an mmap):
+    `start` itself when it is 0 or follows a newline, else just after the next newline
+    (``len(data)`` when there is none)."""
+    if start <= 0:
+        return 0
+    nl = data.find(b"\n", start - 1)
+    return len(data) if nl < 0 else nl + 1
+
+
+def line_span(data: Any, start: int, end: int) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` of the whole lines of block ``[start, end)`` of `data`: from
+    `line_start(start)` through the end of the line that crosses `end` (its newline
+    included)."""
+    lo = line_start(data, start)
+    hi = max(lo, line_start(data, end))
+    return lo, hi

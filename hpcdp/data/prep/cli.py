@@ -22,6 +22,7 @@ nothing written.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -48,17 +49,20 @@ from hpcdp.data.format.samples import (  # noqa: F401  (re-exported for the reci
     write_rounds,
 )
 from hpcdp.data.prep import arrays as src
+from hpcdp.data.prep import frame
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, plan_items, rank_blocks
 from hpcdp.data.prep.frame import (
+    EXIT_BAD_INPUT,
+    EXIT_WRITE_FAILED,
     PrepError,
     agree,
     check_world,
-    mpio_write,
-    replacing,
     say,
     world,
     write_or_abort,
 )
 from hpcdp.data.prep.images import cifar
+from hpcdp.data.prep.parts import Parts
 from hpcdp.runtime.crash import report_crashes
 
 COMPRESSIONS = ("none", "gzip", "lzf")
@@ -84,7 +88,7 @@ def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
     }
 
 
-# -- writing --------------------------------------------------------------------------
+# -- writing ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -96,80 +100,73 @@ class WriteOptions:
     seed: int = 0
     source_name: str = ""
     collective: bool = False
+    block_bytes: int = DEFAULT_BLOCK_BYTES
 
 
-def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> tuple[Any, Any]:
+def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> dict[str, Any]:
+    """The datasets (by their part names, x and y) and attributes of a new file."""
     comp: dict[str, Any] = {}
     if opts.compression != "none":
         comp = {"compression": opts.compression, "shuffle": opts.compression == "gzip"}
-    x = f.create_dataset(
+    dsets = {"x": f.create_dataset(
         opts.x_name, shape=(source.num_samples, *source.sample_shape), dtype=source.dtype,
-        chunks=(chunk, *source.sample_shape), fill_time="never", **comp,
-    )
-    y = None
+        chunks=(chunk, *source.sample_shape), fill_time="never", **comp)}
     if opts.y_name and source.has_labels:
-        y = f.create_dataset(
+        dsets["y"] = f.create_dataset(
             opts.y_name, shape=(source.num_samples,), dtype=np.int64,
-            chunks=(label_chunk_rows(chunk, source.num_samples),), fill_time="never", **comp,
-        )
+            chunks=(label_chunk_rows(chunk, source.num_samples),), fill_time="never", **comp)
     for key, value in file_attrs(source, opts.source_name, opts.seed, opts.x_name,
                                  opts.y_name).items():
         f.attrs[key] = value
-    return x, y
+    return dsets
 
 
-def _write_serial(path: str, source: src.Source, opts: WriteOptions, chunk: int) -> None:
-    import h5py
-
-    slab = slab_rows(chunk, source.sample_bytes)
-    with h5py.File(path, "w") as f:
-        x, y = _create(f, source, opts, chunk)
-        for a in range(0, source.num_samples, slab):
-            b = min(source.num_samples, a + slab)
-            xs, ys = source.slab(a, b)
-            x[a:b] = xs
-            if y is not None:
-                y[a:b] = ys
+def block_rows(chunk: int, sample_bytes: int, block_bytes: int) -> int:
+    """Samples per block: whole chunks, about `block_bytes` (so no two ranks share a chunk)."""
+    return chunk * max(1, block_bytes // max(1, chunk * sample_bytes))
 
 
-def _write_parallel(path: str, source: src.Source, opts: WriteOptions, chunk: int,
-                    comm: Any) -> None:
-    import h5py
-
-    slab = slab_rows(chunk, source.sample_bytes)
-    with h5py.File(path, "w", driver="mpio", comm=comm) as f:
-        x, y = _create(f, source, opts, chunk)
-        for a, b in rank_slabs(source.num_samples, chunk, slab, comm.rank, comm.size):
-            if a < b:
-                xs, ys = source.slab(a, b)
-            else:
-                xs = np.zeros((0, *source.sample_shape), source.dtype)
-                ys = np.zeros(0, np.int64)
-            mpio_write(x, a, xs, opts.collective)
-            if y is not None:
-                mpio_write(y, a, ys, opts.collective)
+def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: range,
+                opts: WriteOptions, comm: Any) -> None:
+    """Collective: this rank's blocks of `source` as parts (those not done by an earlier
+    run), one block in memory at a time."""
+    frame.resume_note(comm, PROG, parts, source.name, mine)
+    bar = frame.Progress(comm, f"{source.name}: samples", source.num_samples, "samples", PROG)
+    for i in mine:
+        if not parts.done(source.name, i):
+            xs, ys = source.slab(blocks[i].start, blocks[i].stop)
+            labels = {"y": ys} if opts.y_name and source.has_labels else {}
+            parts.save(source.name, i, x=xs, **labels)
+        bar.advance(len(blocks[i]))
+    bar.close()
 
 
-def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any) -> str:
-    """Write one split to ``out_dir/NAME.h5`` via a temporary name; return the final path."""
+def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
+                parts: Parts) -> str:
+    """Collective: one split to ``out_dir/NAME.h5``: this rank's blocks as parts, then the
+    file from every rank's parts (under a temporary name); return the final path."""
     final = os.path.join(out_dir, f"{source.name}.h5")
     chunk = chunk_rows(source.sample_bytes, source.num_samples, opts.chunk_bytes)
-    with replacing(final, comm) as tmp:
-        if comm.size == 1:
-            _write_serial(tmp, source, opts, chunk)
-        elif opts.compression != "none":
-            if comm.rank == 0:
-                _write_serial(tmp, source, opts, chunk)
-        else:
-            _write_parallel(tmp, source, opts, chunk, comm)
+    blocks = plan_items(source.num_samples,
+                        block_rows(chunk, source.sample_bytes, opts.block_bytes))
+    mine = rank_blocks(len(blocks), comm.rank, comm.size)
+    save_blocks(source, parts, blocks, mine, opts, comm)
+    bar = frame.Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)
+    frame.write_parts(final, parts, source.name, mine,
+                      lambda f, n: _create(f, source, opts, chunk), comm,
+                      slab_rows(chunk, source.sample_bytes),
+                      serial=opts.compression != "none", progress=bar,
+                      collective=opts.collective)
+    bar.close()
     return final
 
 
 # -- command line ---------------------------------------------------------------------
 
 
-EXIT_STATUS = ("Exit status: 0 written; 2 bad input or an existing output file without "
-               "--overwrite (nothing written); 1 a failure while writing (old files kept).")
+EXIT_STATUS = ("Exit status: 0 written; 2 bad input, an existing output file without "
+               "--overwrite or an unfinished run's OUT/.hpcdp-prep without --resume (nothing "
+               "written); 1 a failure while writing (old files kept; --resume continues).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,10 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "independent; every rank writes its own contiguous slab)")
     common.add_argument("--report", help="rank 0 writes timing and sizes as JSON here "
                                           "(replaced if it exists, like benchmark results)")
+    frame.add_common_options(common)
     parser = argparse.ArgumentParser(
-        prog="hpcdp prep", description="Write a dataset as chunked, samples-first HDF5.",
+        prog="hpcdp prep", description="Prepare a dataset as chunked HDF5, on one process or "
+        "under mpirun / srun: 'hpcdp prep RECIPE --help' for a recipe's options.",
         epilog=EXIT_STATUS)
-    sub = parser.add_subparsers(dest="source", required=True)
+    sub = parser.add_subparsers(dest="source", required=True, metavar="RECIPE")
     p = sub.add_parser("digits", parents=[common], epilog=EXIT_STATUS,
                        help="scikit-learn's bundled 8x8 digits -> train.h5, val.h5 (uint8)")
     p.add_argument("--val-fraction", type=float, default=0.2)
@@ -221,7 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", required=True, help="the .tar.gz as published")
     p.add_argument("--labels", choices=("fine", "coarse"), default="fine",
                    help="CIFAR-100: which label becomes y (CIFAR-10 has one)")
+    for name, (_, help_) in RECIPES.items():  # listed here, parsed by their own modules
+        sub.add_parser(name, help=help_, add_help=False)
     return parser
+
+
+#: The recipes with a module of their own: `hpcdp prep NAME ...` runs ``module.main``.
+RECIPES: dict[str, tuple[str, str]] = {
+    "markov": ("hpcdp.data.prep.text.markov_recipe",
+               "documents from a seeded Markov chain -> token files (entropy rate known)"),
+    "clicks": ("hpcdp.data.prep.clicks.recipe",
+               "a synthetic click log with a planted signal -> train.h5, val.h5"),
+    "images": ("hpcdp.data.prep.images.recipe",
+               "an image folder (one subfolder per class) -> uint8 samples"),
+    "text": ("hpcdp.data.prep.text.recipe",
+             "text, JSON Lines or Parquet corpora -> token files (bytes, BPE, tokenizer.json)"),
+    "criteo": ("hpcdp.data.prep.clicks.criteo_recipe",
+               "Criteo click logs (plain or .gz) -> train.h5, val.h5 for the recsys task"),
+}
 
 
 def make_sources(args: argparse.Namespace) -> list[src.Source]:
@@ -266,7 +282,24 @@ def write_options(args: argparse.Namespace) -> WriteOptions:
     return WriteOptions(x_name=args.x_name, y_name=args.y_name or None,
                         compression=args.compression,
                         chunk_bytes=max(1, int(args.chunk_mib * 2**20)), seed=args.seed,
-                        source_name=args.source, collective=args.mpio == "collective")
+                        source_name=args.source, collective=args.mpio == "collective",
+                        block_bytes=frame.block_bytes(args.block_mib))
+
+
+#: Options that change neither the files nor the parts (left out of the fingerprint).
+NOT_FINGERPRINTED = ("out", "overwrite", "resume", "report", "mpio")
+
+
+def fingerprint(args: argparse.Namespace) -> dict[str, Any]:
+    """What a resumed run must share with the run it continues: every option that changes
+    the output or the blocks, and the size and time of each input file."""
+    found = {k: v for k, v in vars(args).items() if k not in NOT_FINGERPRINTED}
+    for key in ("x_path", "y_path", "archive"):
+        path = found.get(key)
+        if path and os.path.exists(path):
+            stat = os.stat(path)
+            found[f"{key}_stat"] = [stat.st_size, stat.st_mtime_ns]
+    return found
 
 
 def _existing_parent(path: str) -> str:
@@ -277,8 +310,10 @@ def _existing_parent(path: str) -> str:
     return parent
 
 
-def check_out(out: str, sources: Sequence[src.Source], overwrite: bool) -> None:
-    """Refuse an output folder that cannot hold the splits, or whose files would be lost.
+def check_out(out: str, sources: Sequence[src.Source], overwrite: bool,
+              resume: bool = False) -> None:
+    """Refuse an output folder that cannot hold the splits, or whose files would be lost
+    (files a resumed run renamed into place before it was stopped are its own).
 
     Creates nothing: the folder is made only after every rank agreed on the input.
     """
@@ -295,16 +330,17 @@ def check_out(out: str, sources: Sequence[src.Source], overwrite: bool) -> None:
         final = os.path.join(out, f"{source.name}.h5")
         if os.path.isdir(final):
             raise PrepError(f"{final} is a folder; a dataset cannot replace it")
-        if os.path.lexists(final) and not overwrite:
+        if os.path.lexists(final) and not overwrite and not frame.resuming(out, resume):
             raise PrepError(f"{final} already exists; pass --overwrite to replace it "
                             "(the old file stays until the new one is complete)")
 
 
 def check_space(out: str, sources: Sequence[src.Source], compression: str) -> None:
-    """Uncompressed output must fit the free space: fail now, not hours into the write."""
+    """Uncompressed output must fit the free space twice (the parts, then the files): fail
+    now, not hours into the write."""
     if compression != "none":
         return
-    need = sum(s.num_samples * (s.sample_bytes + 8) for s in sources)
+    need = 2 * sum(s.num_samples * (s.sample_bytes + 8) for s in sources)
     where = out if os.path.isdir(out) else _existing_parent(out)
     free = shutil.disk_usage(where).free
     if need > free:
@@ -328,7 +364,7 @@ def prepare_inputs(args: argparse.Namespace, comm: Any) -> tuple[WriteOptions, l
     sources = make_sources(args)
     for source in sources:
         src.check_sample_bytes(source.sample_shape, source.dtype, f"split {source.name}")
-    check_out(args.out, sources, args.overwrite)
+    check_out(args.out, sources, args.overwrite, args.resume)
     check_space(args.out, sources, opts.compression)
     check_report(args.report)
     return opts, sources
@@ -345,12 +381,15 @@ def agreed(comm: Any, error: str | None) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 written, 2 bad input (nothing written), 1 a failure while writing."""
     report_crashes()  # also under `python -m hpcdp.data.prep.cli` (mpirun, srun)
-    args = parse_args(build_parser(), sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in RECIPES:
+        return int(importlib.import_module(RECIPES[argv[0]][0]).main(argv[1:]) or 0)
+    args = parse_args(build_parser(), argv)
     try:
         comm = world()
     except PrepError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     error: str | None = None
     try:
         opts, sources = prepare_inputs(args, comm)
@@ -358,26 +397,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = str(exc)
     # Agree on bad input before any collective file operation: every rank reports it.
     if not agreed(comm, error):
-        return 2
+        return EXIT_BAD_INPUT
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         error = f"--out {args.out}: cannot make the folder: {exc.strerror or exc}"
     if not agreed(comm, error):
-        return 2
-    comm.Barrier()
+        return EXIT_BAD_INPUT
     start = time.perf_counter()
-    written = write_or_abort(PROG, comm,
-                             lambda: [write_split(args.out, s, opts, comm) for s in sources])
+    status: list[int] = []
+    written = write_or_abort(PROG, comm, lambda: _write(args, opts, sources, comm), status)
     if written is None:
-        return 1
+        return status[0]
     if comm.rank == 0:
         try:
             _summary(args, sources, written, comm.size, time.perf_counter() - start)
         except OSError as exc:
             say(comm, PROG, f"error: --report {args.report}: {exc.strerror or exc}")
-            return 1
+            return EXIT_WRITE_FAILED
     return 0
+
+
+def _write(args: argparse.Namespace, opts: WriteOptions, sources: list[src.Source],
+           comm: Any) -> list[str]:
+    """Collective: every split through the parts in OUT/.hpcdp-prep, removed once written."""
+    with Parts(args.out, args.source, fingerprint(args), comm, args.resume) as parts:
+        return [write_split(args.out, s, opts, comm, parts) for s in sources]
 
 
 def _summary(args: argparse.Namespace, sources: list[src.Source], written: list[str],

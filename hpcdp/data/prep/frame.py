@@ -1,31 +1,44 @@
 """How every preparation recipe runs over ranks: the part that is not about its data.
 
-The recipes (`hpcdp.data.prep.cli` for samples, `clicks_prep`, `markov_prep`,
-`text_prep`) run on one process or under ``mpirun`` / ``srun --mpi=pmix`` and
-share one discipline: every rank checks the input and the ranks agree on the
-first error before any collective file operation, so bad input ends every rank
-with the same message and nothing written; each file is written under a
-temporary name and renamed once every rank is done (`replacing`), so a failed
-run never replaces a good file; and a rank that fails mid-write aborts the job
-instead of leaving the others waiting in a collective. `run` is that frame; the
-rest are its parts (the world, its checks, messages, prefix sums, parallel HDF5
-writes).
+The recipes run on one process or under ``mpirun`` / ``srun --mpi=pmix`` and share one
+discipline: every rank checks the input and the ranks agree on the first error before any
+collective file operation, so bad input ends every rank with the same message, exit status
+`EXIT_BAD_INPUT` and nothing written; the input is cut into blocks (`blocks`) that each
+rank turns into per-block parts (`parts`), so memory is bounded by a block and a killed run
+resumes from its completed blocks; the final files are written from the parts in block
+order (`write_parts`, prefix sums of the rows per block), each under a temporary name
+renamed once every rank is done (`replacing`), so a failed run (`EXIT_WRITE_FAILED`) never
+replaces a good file; a rank that fails mid-write aborts the job instead of leaving the
+others waiting in a collective; rank 0 reports progress (`Progress`). `run` is that frame;
+the rest are its parts (the world, its checks, messages, prefix sums, parallel HDF5
+writes, the options every recipe shares).
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES
 from hpcdp.runtime import hvd_settings
 
+#: Exit statuses of every recipe: bad input (every rank says why; nothing written), and a
+#: failure while writing (the files already there are kept).
+EXIT_BAD_INPUT = 2
+EXIT_WRITE_FAILED = 1
+
+#: The work folder of a preparation in progress, inside its output folder (`parts`).
+WORK_DIR = ".hpcdp-prep"
 #: Environment variables that mean "started by an MPI launcher".
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 
@@ -133,16 +146,23 @@ def allreduce(comm: Any, value: int, op: str = "sum") -> int:
 # -- output ---------------------------------------------------------------------------
 
 
+def resuming(out_dir: str, resume: bool) -> bool:
+    """Whether this run continues an unfinished one in `out_dir` (its work folder is there):
+    then the outputs it already renamed into place are its own, not files to protect."""
+    return resume and os.path.isdir(os.path.join(out_dir, WORK_DIR))
+
+
 def check_outputs(out_dir: str, names: Sequence[str], overwrite: bool,
                   refusal: str = "--out {out}: {names} already exist; pass --overwrite to "
-                                 "replace them") -> None:
+                                 "replace them", resume: bool = False) -> None:
     """The output folder is usable (made if missing), and none of `names` in it is replaced
-    unless `overwrite`. `refusal` words the refusal from ``out``, ``names`` (those found,
-    comma-separated) and ``first`` (the path of the first found)."""
+    unless `overwrite` (or `resume` continues the run that wrote them). `refusal` words the
+    refusal from ``out``, ``names`` (those found, comma-separated) and ``first`` (the path of
+    the first found)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise PrepError(f"--out {out_dir}: exists and is not a folder")
     existing = [n for n in names if os.path.exists(os.path.join(out_dir, n))]
-    if existing and not overwrite:
+    if existing and not overwrite and not resuming(out_dir, resume):
         raise PrepError(refusal.format(out=out_dir, names=", ".join(existing),
                                        first=os.path.join(out_dir, existing[0])))
     os.makedirs(out_dir, exist_ok=True)
@@ -209,9 +229,10 @@ def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inpu
     """Collective: a recipe from its checks to its summary; the exit status.
 
     `check` runs on every rank and raises one of `bad_input`; the ranks agree on
-    the first error and all exit 1 with nothing written. Then `write_or_abort`
-    runs `write`, and rank 0 prints `summary` of what it returned and the seconds
-    it took.
+    the first error and all exit `EXIT_BAD_INPUT` with nothing written. Then
+    `write_or_abort` runs `write` (bad input it finds on the way: `EXIT_BAD_INPUT`
+    too; any other failure `EXIT_WRITE_FAILED`), and rank 0 prints `summary` of what
+    it returned and the seconds it took.
     """
     error, inputs = None, None
     try:
@@ -221,80 +242,322 @@ def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inpu
     error = agree(comm, error)
     if error:
         say(comm, prog, f"error: {error}")
-        return 1
+        return EXIT_BAD_INPUT
     start = time.perf_counter()
-    written = write_or_abort(prog, comm, lambda: write(inputs))  # type: ignore[arg-type]
-    if written is None:
-        return 1
+    failed: list[int] = []
+    written = write_or_abort(prog, comm, lambda: write(inputs), failed)  # type: ignore[arg-type]
+    if failed:
+        return failed[0]
     if comm.rank == 0:
-        summary(written, time.perf_counter() - start)
+        summary(written, time.perf_counter() - start)  # type: ignore[arg-type]
     return 0
 
 
-def write_or_abort(prog: str, comm: Any, write: Callable[[], Written]) -> Written | None:
-    """Collective: what `write` returns, or None once its failure is reported.
+def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
+                   status: list[int] | None = None) -> Written | None:
+    """Collective: what `write` returns, or None once its failure is reported (and its
+    exit status appended to `status`).
 
-    A `PrepError` from `write` must be raised on every rank alike, before any file
-    is created (as after `agree`). Any other failure aborts the job: the other ranks
-    may be waiting in a collective for the one that failed.
+    A `PrepError` from `write` is bad input found while reading (a bad line, an empty
+    split): it must be raised on every rank alike (after `agree`), and before any final
+    file is renamed into place; its status is `EXIT_BAD_INPUT`. Any other failure aborts
+    the job with `EXIT_WRITE_FAILED`: the other ranks may be waiting in a collective for
+    the one that failed.
     """
     try:
         return write()
     except PrepError as exc:
         say(comm, prog, f"error: {exc}")
+        code = EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - a rank failing mid-write must not hang the others
-        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc}")
+        say(comm, prog, f"error while writing: {type(exc).__name__}: {exc} (the blocks "
+                        "completed are kept: the same command with --resume continues)")
         if comm.size > 1:
-            comm.Abort(1)
+            comm.Abort(EXIT_WRITE_FAILED)
+        code = EXIT_WRITE_FAILED
+    if status is not None:
+        status.append(code)
     return None
 
 
-# -- placeholder of the agreed streaming write, until the frame's own is merged --------
+# -- the streaming frame: parts to one file, progress, common options --------------------
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    """Where every block's arrays go in a split's file: the same on every rank."""
+
+    starts: dict[int, dict[str, int]]  # block -> array -> its first row in the file
+    totals: dict[str, int]  # array -> rows in the file
+
+
+def part_layout(parts: Any, split: str, blocks: range, comm: Any) -> PartLayout:
+    """Collective: each array's rows per block all-gathered, their prefix sums in block order
+    (so the same file on any number of ranks) and the totals."""
+    mine = [(i, parts.lengths(split, i)) for i in blocks]
+    every = dict(kv for got in comm.allgather(mine) for kv in got)
+    if sorted(every) != list(range(len(every))):
+        raise RuntimeError(f"{split}: the ranks' blocks are not 0..{len(every) - 1}")
+    names = list(every[0]) if every else []
+    starts: dict[int, dict[str, int]] = {}
+    at = dict.fromkeys(names, 0)
+    for i in range(len(every)):
+        starts[i] = dict(at)
+        for name in names:
+            at[name] += every[i][name]
+    return PartLayout(starts, at)
 
 
 def write_parts(path: str, parts: Any, split: str, blocks: range,
-                datasets: Callable[[Any, int], dict[str, Any]], comm: Any,
-                slab_rows: int) -> int:
-    """Collective: the parts of `split` (this rank's `blocks`) into one new file at `path`."""
-    mine = [(b, parts.rows(split, b)) for b in blocks]
-    rows = dict(pair for got in comm.allgather(mine) for pair in got)
-    order = sorted(rows)
-    starts = dict(zip(order, np.cumsum([0, *[rows[b] for b in order]])[:-1].tolist()))
-    total = int(sum(rows.values()))
-    pieces = [(b, a) for b in blocks for a in range(0, rows[b], slab_rows)]
-    rounds = max(comm.allgather(len(pieces)))
-    with replacing(path, comm) as tmp, create_h5(tmp, comm) as f:
-        dsets = datasets(f, total)
-        for i in range(rounds):
-            if i < len(pieces):
-                b, a = pieces[i]
-                arrays = parts.load(split, b)
-                for name, dset in dsets.items():
-                    data = np.asarray(arrays[name][a : a + slab_rows])
-                    _write_rows(dset, starts[b] + a, data, comm)
-                del arrays
-            else:
-                for dset in dsets.values():
-                    _write_rows(dset, 0, np.zeros((0, *dset.shape[1:]), dset.dtype), comm)
-    return total
+                datasets: Callable[[Any, int], dict[str, Any]], comm: Any, slab_rows: int,
+                serial: bool = False, progress: Progress | None = None,
+                layout: PartLayout | None = None,
+                shift: dict[str, tuple[str, int]] | None = None,
+                collective: bool = False) -> int:
+    """Collective: ``path`` from every rank's parts of `split` (this rank's: `blocks`), the
+    blocks' rows in block order; the total rows (of the parts' first array).
+
+    Rows per block are all-gathered and each block's first row is their prefix sum
+    (`part_layout`, or `layout` when the recipe made it first to size its datasets), so the
+    file is the same for any number of ranks. ``datasets(f, total_rows)`` creates the
+    datasets (and attributes) in the new file, each filled from the part array of its name
+    (arrays of other names stay in the parts); each rank copies its blocks to their rows in
+    slabs of at most `slab_rows`, every rank making the same number of writes. `shift`
+    maps an array to (another array, rows left above it): its values are offsets into the
+    other (document ends into tokens) and get that array's start in the block added, and
+    its rows start that many rows lower (a leading 0 the callback writes). With `serial`
+    (filtered datasets, which parallel HDF5 cannot write reliably) rank 0 opens the file
+    alone and copies every rank's parts. The file is written under a temporary name and
+    renamed when complete (`replacing`).
+    """
+    layout = layout or part_layout(parts, split, blocks, comm)
+    shift = shift or {}
+    first = next(iter(layout.totals), "")
+    with replacing(path, comm) as tmp:
+        if comm.size == 1 or serial:
+            if comm.rank == 0:
+                import h5py
+
+                with h5py.File(tmp, "w") as f:
+                    dsets = datasets(f, layout.totals.get(first, 0))
+                    for read in _slabs(parts, split, range(len(layout.starts)), slab_rows):
+                        _put(dsets, read, layout, shift, progress, first, None)
+        else:
+            with create_h5(tmp, comm) as f:
+                dsets = datasets(f, layout.totals.get(first, 0))
+                mine = list(_slabs(parts, split, blocks, slab_rows))
+                rounds = allreduce(comm, len(mine), op="max")
+                for k in range(rounds):  # every rank writes every round, some nothing
+                    read = mine[k] if k < len(mine) else None
+                    _put(dsets, read, layout, shift, progress, first, collective)
+    return layout.totals.get(first, 0)
 
 
-def _write_rows(dset: Any, start: int, data: np.ndarray, comm: Any) -> None:
-    if comm.size == 1:
-        if len(data):
-            dset[start : start + len(data)] = data
-    else:
-        mpio_write(dset, start, data, True)
+def _slabs(parts: Any, split: str, blocks: Sequence[int], slab_rows: int
+           ) -> Iterator[Callable[[], tuple[int, int, dict[str, np.ndarray]]]]:
+    """For each slab of `blocks`' parts, a function reading it: (block, first row in the
+    block, {array: its rows of the slab}); the slabs are counted before anything is read."""
+    for i in blocks:
+        n = max(parts.lengths(split, i).values(), default=0)
+        for a in range(0, n, max(1, slab_rows)):
+
+            def read(i: int = i, a: int = a) -> tuple[int, int, dict[str, np.ndarray]]:
+                part = parts.load(split, i)
+                return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
+
+            yield read
+
+
+def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayout,
+         shift: dict[str, tuple[str, int]], progress: Progress | None, first: str,
+         collective: bool | None) -> None:
+    """One slab into every dataset: plain writes (`collective` None) or one MPI-IO write per
+    dataset, empty when `read` is None (this rank has no slab left this round)."""
+    block, a, data = read() if read is not None else (0, 0, {})
+    for name, dset in dsets.items():
+        rows = data.get(name, np.zeros((0, *dset.shape[1:]), dset.dtype))
+        at = layout.starts[block][name] + a if data else 0
+        if name in shift and data:
+            base, skip = shift[name]
+            rows = rows + layout.starts[block][base]
+            at += skip
+        if collective is None:
+            if len(rows):
+                dset[at : at + len(rows)] = rows
+        else:
+            mpio_write(dset, at, rows, collective)
+    if progress is not None and data:
+        progress.advance(len(data[first]))
+
+
+def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> None:
+    """Collective: in a resumed run, rank 0 says how many of `split`'s blocks were done."""
+    if not parts.resumed:
+        return
+    done = allreduce(comm, sum(parts.done(split, i) for i in blocks))
+    total = allreduce(comm, len(blocks))
+    if comm.rank == 0:
+        print(f"{prog}: {split}: resuming: {done} of {total} blocks already done",
+              file=sys.stderr, flush=True)
+
+
+def add_common_options(parser: argparse.ArgumentParser, blocks: bool = True) -> None:
+    """``--resume`` (every recipe) and ``--block-mib`` (those that read big inputs)."""
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue an interrupted run of the same command from its completed blocks "
+             "(kept in OUT/.hpcdp-prep/); without it such a folder is an error")
+    if blocks:
+        parser.add_argument(
+            "--block-mib", type=float, default=DEFAULT_BLOCK_BYTES / 2**20,
+            help="input read, held and saved per block, in MiB (default "
+                 f"{DEFAULT_BLOCK_BYTES >> 20}): a rank's memory is about one block in and "
+                 "one out, whatever the input size")
+
+
+def block_bytes(block_mib: float) -> int:
+    """``--block-mib`` in bytes; `PrepError` unless a size of at least one byte."""
+    if not (math.isfinite(block_mib) and block_mib * 2**20 >= 1):
+        raise PrepError(f"--block-mib {block_mib}: expected a positive size in MiB")
+    return int(block_mib * 2**20)
 
 
 class Progress:
-    """Placeholder of the agreed progress report, until the frame's own is merged."""
+    """Rank 0 reports how far every rank got: done/total, the rate and the time left.
 
-    def __init__(self, comm: Any, what: str, total: int, unit: str) -> None:
-        self.done = 0
+    On a terminal a tqdm bar; otherwise (a Slurm log) a plain line on stderr at most every
+    `every` seconds, and one at the end. The other ranks send their counts to rank 0 at
+    most once a second (non-blocking point-to-point on a private communicator, so never a
+    collective in the middle of the work); making and closing a Progress are collective.
+    """
+
+    _COUNT, _DONE = 1, 2
+
+    def __init__(self, comm: Any, what: str, total: int, unit: str, prog: str = "hpcdp prep",
+                 every: float = 10.0, stream: Any = None) -> None:
+        self.comm, self.what, self.total, self.unit = comm, what, int(total), unit
+        self.prog, self.every = prog, every
+        self.stream = stream if stream is not None else sys.stderr
+        self.mine = 0
+        self.counts = [0] * comm.size
+        self.start = time.monotonic()
+        self._said = self._sent = self.start
+        self._reqs: list[Any] = []
+        self._p2p = comm.Dup() if comm.size > 1 else None
+        self._bar = None
+        if comm.rank == 0 and _isatty(self.stream):
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total or None, desc=what, unit=unit, unit_scale=True,
+                             file=self.stream, dynamic_ncols=True)
+
+    @property
+    def done(self) -> int:
+        """Rank 0: the units every rank reported done so far."""
+        return sum(self.counts)
 
     def advance(self, n: int) -> None:
-        self.done += n
+        """This rank did `n` more units (rows, files, bytes)."""
+        self.mine += int(n)
+        now = time.monotonic()
+        if self.comm.rank != 0:
+            if now - self._sent >= 1.0:
+                self._reqs = [r for r in self._reqs if not r.Test()]
+                self._reqs.append(self._p2p.isend(self.mine, dest=0, tag=self._COUNT))
+                self._sent = now
+            return
+        self.counts[0] = self.mine
+        self._receive()
+        self._show(now)
+
+    def _receive(self) -> None:
+        if self._p2p is None:
+            return
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while self._p2p.iprobe(source=MPI.ANY_SOURCE, tag=self._COUNT, status=status):
+            source = status.Get_source()
+            self.counts[source] = max(self.counts[source],
+                                      self._p2p.recv(source=source, tag=self._COUNT))
+
+    def _show(self, now: float, final: bool = False) -> None:
+        if self._bar is not None:
+            self._bar.update(self.done - self._bar.n)
+            return
+        if final or now - self._said >= self.every:
+            print(self.line(now), file=self.stream, flush=True)
+            self._said = now
+
+    def line(self, now: float | None = None) -> str:
+        """The plain report: what, done/total (percent), rate, time left."""
+        seconds = max(1e-9, (time.monotonic() if now is None else now) - self.start)
+        done = self.done
+        rate = done / seconds
+        text = f"{self.prog}: {self.what}: {_count(done)}"
+        if self.total:
+            text += f"/{_count(self.total)} {self.unit} ({100 * done / self.total:.0f}%)"
+        else:
+            text += f" {self.unit}"
+        text += f", {_count(rate)} {self.unit}/s"
+        if self.total and rate > 0 and done < self.total:
+            text += f", {_duration((self.total - done) / rate)} left"
+        elif done >= self.total:
+            text += f", {_duration(seconds)} in all"
+        return text
 
     def close(self) -> None:
-        pass
+        """Collective: rank 0 gathers every rank's final count and says the last line."""
+        if self._p2p is not None:
+            from mpi4py import MPI
+
+            if self.comm.rank != 0:
+                self._reqs.append(self._p2p.isend(self.mine, dest=0, tag=self._DONE))
+                MPI.Request.Waitall(self._reqs)
+            else:
+                self._drain(MPI)
+            self._p2p.Free()
+            self._p2p = None
+        if self.comm.rank == 0:
+            self.counts[0] = self.mine
+            if self._bar is not None:
+                self._bar.update(self.done - self._bar.n)
+                self._bar.close()
+            else:
+                self._show(time.monotonic(), final=True)
+
+    def _drain(self, mpi: Any) -> None:
+        """Rank 0: every message up to each rank's last (one pair's messages keep order)."""
+        waiting = set(range(1, self.comm.size))
+        status = mpi.Status()
+        while waiting:
+            got = self._p2p.recv(source=mpi.ANY_SOURCE, tag=mpi.ANY_TAG, status=status)
+            source = status.Get_source()
+            self.counts[source] = max(self.counts[source], got)
+            if status.Get_tag() == self._DONE:
+                waiting.discard(source)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _count(n: float) -> str:
+    """1234 -> '1234', 12345 -> '12.3k', 12345678 -> '12.3M'."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if n >= scale:
+            return f"{n / (1e3 if suffix == 'k' else scale):.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as '42 s', '3 min 5 s' or '2 h 14 min'."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"

@@ -1,100 +1,206 @@
-"""Per-block spill files and the resume manifest of a preparation.
+"""Per-block part files and the record that lets a preparation resume: ``OUT/.hpcdp-prep/``.
 
-Placeholder with the agreed API until the frame's own module is merged.
+Every rank turns each of its input blocks into a part (a folder of .npy arrays, one per
+output dataset plus whatever the recipe needs later) before the final files are written
+from the parts in block order (`frame.write_parts`). A part is written under a temporary
+name and renamed, so after a kill (a time limit's SIGTERM, then SIGKILL) it is there whole
+or not at all, and a resumed run redoes only the blocks without one. ``fingerprint.json``
+holds the recipe and every option that changes the output (not the number of ranks, which
+does not): a resumed run with other options is refused, naming them, instead of mixing two
+datasets. Without ``--resume`` an existing work folder is refused too, so a partial output
+is never silently reused. The cost of the design: the output is written twice (parts, then
+the final files), and the work folder needs as much disk as the output until it is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from typing import Any
 
 import numpy as np
 
-from hpcdp.data.prep.frame import PrepError, agree
+from hpcdp.data.prep.frame import WORK_DIR, PrepError, agree
 
-WORK = ".hpcdp-prep"
+FINGERPRINT = "fingerprint.json"
+#: Each part's record of its arrays' lengths, written last.
+META = "meta.json"
+#: What `frame.replacing` names a file while it is written.
+_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}")
+
+
+def work_dir(out_dir: str) -> str:
+    return os.path.join(out_dir, WORK_DIR)
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys whose values differ between two fingerprints, as ``key: old -> new``."""
+    keys = sorted(set(old) | set(new))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _remove_stale_temporaries(out_dir: str) -> None:
+    """The final files' temporaries (`frame.replacing`) left by the killed run."""
+    for name in os.listdir(out_dir):
+        if _STALE.fullmatch(name):
+            os.remove(os.path.join(out_dir, name))
 
 
 class Parts:
-    """Collective: the work folder OUT/.hpcdp-prep/ of one recipe run."""
+    """The work folder of one preparation (collective to make and to remove)."""
 
-    def __init__(self, out_dir: str, recipe: str, fingerprint: dict, comm: Any,
+    def __init__(self, out_dir: str, recipe: str, fingerprint: dict[str, Any], comm: Any,
                  resume: bool) -> None:
-        self.root = os.path.join(out_dir, WORK)
+        self.dir = work_dir(out_dir)
         self.comm = comm
-        want = {"recipe": recipe, **fingerprint}
+        self.fingerprint = json.loads(json.dumps({"recipe": recipe, **fingerprint},
+                                                 sort_keys=True))
+        self.resumed = False
         error = None
-        path = os.path.join(self.root, "fingerprint.json")
-        if os.path.isdir(self.root):
-            if not resume:
-                error = (f"{self.root}: a partial preparation is there; pass --resume to "
-                         "continue it, or remove it")
-            else:
-                try:
-                    with open(path) as fh:
-                        have = json.load(fh)
-                except (OSError, ValueError):
-                    have = {}
-                differ = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
-                if differ:
-                    error = (f"{self.root}: made with other options ({', '.join(differ)}); "
-                             "remove it or run with the same options")
+        if comm.rank == 0:
+            try:
+                self.resumed = self._open(resume)
+            except (PrepError, OSError) as exc:
+                error = str(exc)
         error = agree(comm, error)
         if error:
             raise PrepError(error)
-        comm.Barrier()
-        if comm.rank == 0 and not os.path.isdir(self.root):
-            os.makedirs(self.root + ".tmp", exist_ok=True)
-            with open(os.path.join(self.root + ".tmp", "fingerprint.json"), "w") as fh:
-                json.dump(want, fh, sort_keys=True)
-            os.replace(self.root + ".tmp", self.root)
-        comm.Barrier()
+        self.resumed = comm.bcast(self.resumed, root=0)
 
-    def _dir(self, split: str, index: int) -> str:
-        return os.path.join(self.root, split, f"{index:08d}")
+    def _open(self, resume: bool) -> bool:
+        """Rank 0: check or make the work folder; whether earlier parts are kept."""
+        there = os.path.exists(self.dir)
+        if there and not resume:
+            raise PrepError(f"{self.dir}: a partial preparation is there (a run that did not "
+                            "finish); pass --resume to continue it with the same options, or "
+                            "remove the folder to start again")
+        if there:
+            old = self._read_fingerprint()
+            _remove_stale_temporaries(os.path.dirname(self.dir))
+            changed = differences(old, self.fingerprint)
+            if changed:
+                raise PrepError(f"{self.dir}: --resume with other options than the run it "
+                                f"continues ({'; '.join(changed)}); use the same options, or "
+                                "remove the folder to start again")
+            return True
+        os.makedirs(self.dir)
+        _write_json(os.path.join(self.dir, FINGERPRINT), self.fingerprint)
+        return False
+
+    def _read_fingerprint(self) -> dict[str, Any]:
+        path = os.path.join(self.dir, FINGERPRINT)
+        try:
+            with open(path) as fh:
+                old = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise PrepError(f"{path}: cannot be read ({exc}); remove {self.dir} to start "
+                            "again") from None
+        if not isinstance(old, dict):
+            raise PrepError(f"{path}: not a fingerprint; remove {self.dir} to start again")
+        return old
+
+    # -- parts --------------------------------------------------------------------------
+
+    def _part(self, split: str, index: int) -> str:
+        return os.path.join(self.dir, split, f"{index:07d}")
 
     def done(self, split: str, index: int) -> bool:
-        return os.path.isdir(self._dir(split, index))
+        """Whether block `index` of `split` has its part (whole: parts appear by rename)."""
+        return os.path.isdir(self._part(split, index))
 
     def save(self, split: str, index: int, **arrays: np.ndarray) -> None:
-        final = self._dir(split, index)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+        """Block `index` of `split` as one .npy per array, under a temporary name renamed
+        into place. Its rows (`rows`) are the length of the first array."""
+        final = self._part(split, index)
+        folder, name = os.path.split(final)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
         os.makedirs(tmp)
-        for name, arr in arrays.items():
-            np.save(os.path.join(tmp, f"{name}.npy"), np.asarray(arr))
-        os.replace(tmp, final)
+        lengths = {}
+        for key, array in arrays.items():
+            array = np.ascontiguousarray(array)
+            np.save(os.path.join(tmp, f"{key}.npy"), array, allow_pickle=False)
+            lengths[key] = len(array)
+        _write_json(os.path.join(tmp, META), {"lengths": lengths, "order": list(arrays)})
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.isdir(final):  # not a part saved meanwhile: a real failure
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _meta(self, split: str, index: int) -> dict[str, Any]:
+        with open(os.path.join(self._part(split, index), META)) as fh:
+            return json.load(fh)
 
     def load(self, split: str, index: int) -> dict[str, np.ndarray]:
-        d = self._dir(split, index)
-        return {n[:-4]: np.load(os.path.join(d, n), mmap_mode="r")
-                for n in sorted(os.listdir(d)) if n.endswith(".npy")}
+        """Block `index`'s arrays, memory-mapped (read as they are copied)."""
+        folder = self._part(split, index)
+        meta = self._meta(split, index)
+        out = {}
+        for key in meta["order"]:
+            path = os.path.join(folder, f"{key}.npy")
+            out[key] = np.load(path, mmap_mode="r" if meta["lengths"][key] else None,
+                               allow_pickle=False)
+        return out
 
     def rows(self, split: str, index: int) -> int:
-        arrays = self.load(split, index)
-        return len(next(iter(arrays.values()))) if arrays else 0
+        """Rows of block `index`: the length of the first array saved."""
+        meta = self._meta(split, index)
+        return int(meta["lengths"][meta["order"][0]]) if meta["order"] else 0
+
+    def length(self, split: str, index: int, key: str) -> int:
+        """The length of one array of block `index` (rows differ between arrays: tokens and
+        documents)."""
+        return int(self._meta(split, index)["lengths"][key])
+
+    def lengths(self, split: str, index: int) -> dict[str, int]:
+        """The length of every array of block `index`, in the order saved."""
+        meta = self._meta(split, index)
+        return {key: int(meta["lengths"][key]) for key in meta["order"]}
+
+    # -- a recipe's own state -------------------------------------------------------------
+
+    def path(self, name: str) -> str:
+        """A recipe's own file or folder in the work folder (e.g. a vocabulary shard)."""
+        return os.path.join(self.dir, name)
 
     def save_state(self, name: str, obj: Any) -> None:
-        if self.comm.rank == 0:
-            tmp = self.path(f"{name}.json.tmp")
-            with open(tmp, "w") as fh:
-                json.dump(obj, fh)
-            os.replace(tmp, self.path(f"{name}.json"))
+        """Small JSON for a completed phase of the recipe (written whole or not at all)."""
+        _write_json(self.path(f"state-{name}.json"), obj)
 
     def load_state(self, name: str) -> Any:
+        """What `save_state` saved under `name`, or None."""
         try:
-            with open(self.path(f"{name}.json")) as fh:
+            with open(self.path(f"state-{name}.json")) as fh:
                 return json.load(fh)
         except FileNotFoundError:
             return None
 
-    def path(self, name: str) -> str:
-        return os.path.join(self.root, name)
-
     def remove(self) -> None:
+        """Collective: the work folder goes, once every rank is done with the parts."""
         self.comm.Barrier()
         if self.comm.rank == 0:
-            shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
         self.comm.Barrier()
+
+    def __enter__(self) -> Parts:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> None:
+        """Done: the parts go. Bad input found on the way (a `PrepError`, raised on every
+        rank alike): they go too, so that nothing is left written. Any other failure (a
+        kill, a full disk) keeps them for ``--resume``."""
+        if kind is None or issubclass(kind, PrepError):
+            self.remove()

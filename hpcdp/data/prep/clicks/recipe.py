@@ -32,11 +32,13 @@ import numpy as np
 
 from hpcdp import __version__
 from hpcdp.data.format import samples
-from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep import frame
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, plan_items, rank_blocks
 from hpcdp.data.prep.clicks import synth as ck
+from hpcdp.data.prep.parts import Parts
 from hpcdp.runtime.crash import report_crashes
 
-PROG = "clicks"
+PROG = "hpcdp prep clicks"
 FIELDS = ("dense", "sparse", "label")
 #: Bytes of one row over the three datasets.
 ROW_BYTES = ck.DENSE_FEATURES * 4 + len(ck.field_names()) * 4 + 1
@@ -69,78 +71,72 @@ def split_attrs(world: ck.ClickWorld, split: str, n: int) -> dict[str, Any]:
     }
 
 
-class _Tally:
-    """What a rank saw of its rows, for the attributes computed after writing."""
-
-    def __init__(self, keep: bool) -> None:
-        self.clicks = 0
-        self.keep = keep
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def add(self, rows: ck.Rows) -> None:
-        self.clicks += int(rows.label.sum())
-        if self.keep:
-            self.parts.append((rows.label, rows.prob, rows.popularity))
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not self.parts:
-            return np.zeros(0, np.uint8), np.zeros(0), np.zeros(0)
-        return tuple(np.concatenate(a) for a in zip(*self.parts))  # type: ignore[return-value]
-
-
-def _create(f: Any, world: ck.ClickWorld, split: str, n: int, chunk: int) -> list[Any]:
+def _create(f: Any, world: ck.ClickWorld, split: str, n: int, chunk: int,
+            attrs: dict[str, Any]) -> dict[str, Any]:
     shapes = {"dense": ((ck.DENSE_FEATURES,), np.float32),
               "sparse": ((len(world.sizes),), np.int32), "label": ((), np.uint8)}
-    dsets = [f.create_dataset(name, shape=(n, *tail), dtype=dtype, chunks=(chunk, *tail),
-                              fill_time="never")
-             for name, (tail, dtype) in shapes.items()]
-    for key, value in split_attrs(world, split, n).items():
+    dsets = {name: f.create_dataset(name, shape=(n, *tail), dtype=dtype, chunks=(chunk, *tail),
+                                    fill_time="never")
+             for name, (tail, dtype) in shapes.items()}
+    for key, value in {**split_attrs(world, split, n), **attrs}.items():
         f.attrs[key] = value
     return dsets
 
 
-def _write_rows(dsets: list[Any], start: int, rows: ck.Rows, comm: Any, collective: bool) -> None:
-    for dset, data in zip(dsets, (rows.dense, rows.sparse, rows.label)):
-        if comm.size == 1:
-            if len(data):
-                dset[start : start + len(data)] = data
-        else:
-            prep_run.mpio_write(dset, start, data, collective)
+def save_blocks(world: ck.ClickWorld, split: str, blocks: list[range], mine: range,
+                parts: Parts, comm: Any) -> None:
+    """Collective: this rank's blocks of rows as parts (those an earlier run did not save);
+    validation parts keep the true probabilities and popularity, for the reference AUCs."""
+    frame.resume_note(comm, PROG, parts, split, mine)
+    bar = frame.Progress(comm, f"{split}: rows", blocks[-1].stop if blocks else 0, "rows", PROG)
+    for i in mine:
+        if not parts.done(split, i):
+            rows = world.rows(split, blocks[i].start, blocks[i].stop)
+            extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
+            parts.save(split, i, dense=rows.dense, sparse=rows.sparse, label=rows.label, **extra)
+        bar.advance(len(blocks[i]))
+    bar.close()
 
 
-def _final_attrs(f: Any, tally: _Tally, n: int, comm: Any) -> None:
-    """Click rate and (with `tally.keep`) the reference AUCs: gathered, same on every rank."""
-    clicks = sum(comm.allgather(tally.clicks))
-    f.attrs["click_rate"] = clicks / n
-    if tally.keep:
-        parts = comm.allgather(tally.arrays())
-        label, prob, pop = (np.concatenate(a) for a in zip(*parts))
-        aucs = comm.bcast(ck.reference_aucs(label, prob, pop) if comm.rank == 0 else None)
-        for key, value in aucs.items():
-            f.attrs[key] = value
+def computed_attrs(split: str, n: int, parts: Parts, mine: range, n_blocks: int, comm: Any
+                   ) -> dict[str, Any]:
+    """Collective: the click rate (clicks summed over the ranks) and, for validation, the
+    reference AUCs, computed on rank 0 alone from every part and broadcast."""
+    clicks = frame.allreduce(comm, sum(int(parts.load(split, i)["label"].sum()) for i in mine))
+    attrs: dict[str, Any] = {"click_rate": clicks / n}
+    if split == "val":
+        aucs = None
+        if comm.rank == 0:
+            got = [parts.load(split, i) for i in range(n_blocks)]
+            aucs = ck.reference_aucs(*(np.concatenate([g[k] for g in got])
+                                       for k in ("label", "prob", "popularity")))
+        attrs.update(comm.bcast(aucs, root=0))
+    return attrs
 
 
-def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any,
-                chunk_bytes: int = samples.CHUNK_BYTES, collective: bool = False) -> str:
-    """Write `split` to OUT/SPLIT.h5 under a temporary name, then rename it; return the path."""
+def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any, parts: Parts,
+                chunk_bytes: int = samples.CHUNK_BYTES, collective: bool = False,
+                block_bytes: int = DEFAULT_BLOCK_BYTES) -> str:
+    """Collective: `split` as parts, then OUT/SPLIT.h5 from them (a temporary name renamed
+    when complete); return the path."""
     final = os.path.join(out, f"{split}.h5")
     chunk = samples.chunk_rows(ROW_BYTES, n, chunk_bytes)
-    slab = samples.slab_rows(chunk, ROW_BYTES)
-    tally = _Tally(keep=split == "val")
-    with prep_run.replacing(final, comm) as tmp, prep_run.create_h5(tmp, comm) as f:
-        dsets = _create(f, world, split, n, chunk)
-        for a, b in samples.rank_slabs(n, chunk, slab, comm.rank, comm.size):
-            rows = world.rows(split, a, b)
-            tally.add(rows)
-            _write_rows(dsets, a, rows, comm, collective)
-        _final_attrs(f, tally, n, comm)
+    blocks = plan_items(n, chunk * max(1, block_bytes // (chunk * ROW_BYTES)))
+    mine = rank_blocks(len(blocks), comm.rank, comm.size)
+    save_blocks(world, split, blocks, mine, parts, comm)
+    attrs = computed_attrs(split, n, parts, mine, len(blocks), comm)
+    bar = frame.Progress(comm, f"{split}: file", n, "rows", PROG)
+    frame.write_parts(final, parts, split, mine,
+                      lambda f, total: _create(f, world, split, total, chunk, attrs), comm,
+                      samples.slab_rows(chunk, ROW_BYTES), progress=bar, collective=collective)
+    bar.close()
     return final
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = ck.ClickSpec()
     p = argparse.ArgumentParser(
-        prog="datasets/clicks.py",
+        prog="hpcdp prep clicks",
         description="Write a synthetic click log with a planted signal as chunked HDF5.")
     p.add_argument("--out", required=True, help="output folder (train.h5, val.h5)")
     p.add_argument("--rows", type=int, default=d.rows, help="training rows")
@@ -160,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target chunk size in MiB over the three datasets")
     p.add_argument("--mpio", choices=("independent", "collective"), default="independent")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    frame.add_common_options(p)
     return p
 
 
@@ -171,32 +168,36 @@ def spec_from(args: argparse.Namespace) -> ck.ClickSpec:
 
 def _check(args: argparse.Namespace, comm: Any) -> tuple[ck.ClickSpec, dict[str, int]]:
     """Every check of the options, on this rank; the spec and the splits' rows."""
-    prep_run.check_world(comm.size)
+    frame.check_world(comm.size)
     spec = spec_from(args).check()
     splits = split_rows(spec)
     if args.chunk_mib <= 0:
-        raise prep_run.PrepError(f"--chunk-mib must be positive, got {args.chunk_mib}")
-    prep_run.check_outputs(args.out, [f"{name}.h5" for name in splits], args.overwrite,
-                           refusal="{first} exists; pass --overwrite to replace it (nothing "
-                                   "was written)")
+        raise frame.PrepError(f"--chunk-mib must be positive, got {args.chunk_mib}")
+    frame.block_bytes(args.block_mib)
+    frame.check_outputs(args.out, [f"{name}.h5" for name in splits], args.overwrite,
+                        refusal="{first} exists; pass --overwrite to replace it (nothing "
+                                "was written)", resume=args.resume)
     return spec, splits
 
 
 def _write(args: argparse.Namespace, spec: ck.ClickSpec, splits: dict[str, int], comm: Any
            ) -> list[str]:
     world = ck.ClickWorld(spec).calibrate()
-    return [write_split(args.out, world, name, n, comm, int(args.chunk_mib * 2**20),
-                        args.mpio == "collective") for name, n in splits.items()]
+    options = {"spec": spec.params(), "chunk_mib": args.chunk_mib, "block_mib": args.block_mib}
+    with Parts(args.out, "clicks", options, comm, args.resume) as parts:
+        return [write_split(args.out, world, name, n, comm, parts, int(args.chunk_mib * 2**20),
+                            args.mpio == "collective", frame.block_bytes(args.block_mib))
+                for name, n in splits.items()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = prep_run.world()
-    return prep_run.run(
+    comm = frame.world()
+    return frame.run(
         PROG, comm, lambda: _check(args, comm), lambda got: _write(args, *got, comm),
         lambda written, seconds: _summary(written, seconds, comm.size),
-        bad_input=(ck.ClickSpecError, prep_run.PrepError, OSError, ImportError))
+        bad_input=(ck.ClickSpecError, frame.PrepError, OSError, ImportError))
 
 
 def _summary(paths: list[str], seconds: float, ranks: int) -> None:

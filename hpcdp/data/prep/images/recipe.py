@@ -31,9 +31,12 @@ from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep.frame import (
     PrepError,
     Progress,
+    add_common_options,
     agree,
-    allreduce,
+    block_bytes,
     check_world,
+    resume_note,
+    resuming,
     say,
     world,
     write_or_abort,
@@ -47,7 +50,6 @@ from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/images.py"
 RECIPE = "images"
-MIB = 1 << 20
 #: Bad files named in an error or a summary at most (the count is always given).
 SHOW_BAD = 20
 #: The input formats: a scanner of ``--root`` each, giving a `folder.Layout`.
@@ -83,10 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out files Pillow cannot decode (counted and listed) instead "
                         "of stopping")
     p.add_argument("--overwrite", action="store_true", help="replace train.h5/val.h5 in --out")
-    p.add_argument("--block-mib", type=float, default=bk.DEFAULT_BLOCK_BYTES / MIB,
-                   help="decoded images a rank holds at once, in MiB (default: 64)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue a stopped run from the blocks it saved in OUT/.hpcdp-prep")
+    add_common_options(p)
     return p
 
 
@@ -121,13 +120,12 @@ def check(args: argparse.Namespace, comm: Any) -> folder.Layout:
         raise PrepError(f"--size {args.size}: expected 1..4096 pixels")
     if not 0 <= args.seed < 2**63:
         raise PrepError(f"--seed must be in [0, 2**63), got {args.seed}")
-    if not args.block_mib > 0:
-        raise PrepError(f"--block-mib must be positive, got {args.block_mib}")
+    _block_bytes(args)
     if not os.path.isdir(args.root):
         raise PrepError(f"--root {args.root}: not a folder")
     layout = INPUTS[input_kind(args)](args.root, args.val_fraction, args.seed)
-    resuming = args.resume and os.path.isdir(os.path.join(args.out, ".hpcdp-prep"))
-    check_out(args.out, [f"{s}.h5" for s in layout.splits], args.overwrite or resuming)
+    check_out(args.out, [f"{s}.h5" for s in layout.splits],
+              args.overwrite or resuming(args.out, args.resume))
     return layout
 
 
@@ -150,7 +148,7 @@ def fingerprint(args: argparse.Namespace, layout: folder.Layout) -> dict[str, An
 
 
 def _block_bytes(args: argparse.Namespace) -> int:
-    return max(1, int(args.block_mib * MIB))
+    return block_bytes(args.block_mib)
 
 
 def decode_all(args: argparse.Namespace, layout: folder.Layout, parts: Parts,
@@ -158,19 +156,12 @@ def decode_all(args: argparse.Namespace, layout: folder.Layout, parts: Parts,
     """Collective: every split decoded into parts; this rank's blocks of each split."""
     per_block = iw.items_per_block(args.size, _block_bytes(args))
     total = sum(len(e) for e in layout.splits.values())
-    progress = Progress(comm, "decoded", total, "files")
-    mine, error, saved, n_blocks = {}, None, 0, 0
+    progress = Progress(comm, "decoded", total, "files", PROG)
+    mine, error = {}, None
     for name, entries in layout.splits.items():
         blocks = bk.plan_items(len(entries), per_block)
         mine[name] = bk.rank_blocks(len(blocks), comm.rank, comm.size)
-        saved += sum(parts.done(name, b) for b in mine[name])
-        n_blocks += len(blocks)
-    saved = allreduce(comm, saved)
-    if saved and comm.rank == 0:
-        print(f"{PROG}: --resume: {saved} of {n_blocks} blocks were saved by the stopped run",
-              file=sys.stderr, flush=True)
-    for name, entries in layout.splits.items():
-        blocks = bk.plan_items(len(entries), per_block)
+        resume_note(comm, PROG, parts, name, mine[name])
         error = error or iw.decode_blocks(name, entries, blocks, mine[name], args.size,
                                           args.fit, parts, progress)
     progress.close()

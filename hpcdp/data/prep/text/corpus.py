@@ -19,7 +19,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hpcdp.data.prep import blocks as bk
@@ -114,16 +114,10 @@ class Corpus:
 
     def blocks(self, block_bytes: int) -> list[bk.Block]:
         """Every block of the corpus in order (see the module doc)."""
-        out: list[bk.Block] = []
-        for path, kind, size in zip(self.paths, self.kinds, self.sizes):
-            if not size:
-                continue
-            if dc.split_by_lines(kind, self.lines):
-                pieces = bk.plan_blocks([(path, size)], block_bytes)
-            else:
-                pieces = [bk.Block(0, path, 0, size)]
-            out += [replace(b, index=len(out) + i) for i, b in enumerate(pieces)]
-        return out
+        whole = {p for p, k in zip(self.paths, self.kinds)
+                 if not dc.split_by_lines(k, self.lines)}
+        return bk.plan_blocks(list(zip(self.paths, self.sizes)), block_bytes,
+                              whole=whole.__contains__)
 
     def texts(self, block: bk.Block) -> Iterator[str]:
         """The documents of `block` in order: a text span decoded as UTF-8 (bad bytes are an

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from hpcdp.data.format import tokens as tk
-from hpcdp.data.format.samples import rank_rows
-from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep import frame
+from hpcdp.data.prep.blocks import plan_items, rank_blocks
+from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.data.prep.text import writer as tw
+from hpcdp.data.prep.text.markov import MarkovChain
 from hpcdp.runtime.crash import report_crashes
 
-PROG = "datasets/markov.py"
+PROG = "hpcdp prep markov"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-docs", type=int, default=2_000, help="validation documents")
     p.add_argument("--seed", type=int, default=0, help="seed of the chain and the documents")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    frame.add_common_options(p)
     return p
 
 
-def _chain(args: argparse.Namespace) -> mk.MarkovChain:
+def _chain(args: argparse.Namespace) -> MarkovChain:
     if args.docs < 1 or args.val_docs < 1:
         raise tw.TokenPrepError(f"--docs and --val-docs must be at least 1, got {args.docs} "
                                 f"and {args.val_docs}")
@@ -51,7 +57,7 @@ def _chain(args: argparse.Namespace) -> mk.MarkovChain:
         raise tw.TokenPrepError(f"--symbols/--successors/--end-prob: {exc}") from exc
 
 
-def _meta(chain: mk.MarkovChain, args: argparse.Namespace, split: str, h: float
+def _meta(chain: MarkovChain, args: argparse.Namespace, split: str, h: float
           ) -> tk.TokenMeta:
     params = {"symbols": chain.symbols, "successors": args.successors,
               "end_prob": chain.end_prob, "seed": args.seed, "docs": args.docs,
@@ -68,31 +74,85 @@ def _identity_sha(symbols: int) -> str:
     return hashlib.sha256(f"hpcdp markov symbols v1: {symbols} + EOD".encode()).hexdigest()
 
 
-def _check(args: argparse.Namespace, comm: Any) -> mk.MarkovChain:
+def _check(args: argparse.Namespace, comm: Any) -> MarkovChain:
     """Every check of the options, on this rank; the chain they describe."""
-    prep_run.check_world(comm.size)
+    frame.check_world(comm.size)
     chain = _chain(args)
-    prep_run.check_outputs(args.out, ["train.h5", "val.h5"], args.overwrite)
+    frame.block_bytes(args.block_mib)
+    frame.check_outputs(args.out, ["train.h5", "val.h5"], args.overwrite, resume=args.resume)
     return chain
 
 
-def _write(args: argparse.Namespace, chain: mk.MarkovChain, comm: Any
+def docs_per_block(chain: MarkovChain, block_bytes: int) -> int:
+    """Whole generator blocks of documents, about `block_bytes` of tokens as drawn (int64)."""
+    doc_bytes = 8 * (1 / chain.end_prob + 1)
+    return mk.DOCS_PER_BLOCK * max(1, int(block_bytes // (mk.DOCS_PER_BLOCK * doc_bytes)))
+
+
+def save_blocks(chain: MarkovChain, args: argparse.Namespace, split_id: int, split: str,
+                blocks: list[range], mine: range, dtype: np.dtype, parts: Parts,
+                comm: Any) -> None:
+    """Collective: this rank's blocks of documents as parts (tokens, and each document's end
+    within the block's tokens), those an earlier run saved skipped."""
+    frame.resume_note(comm, PROG, parts, split, mine)
+    bar = frame.Progress(comm, f"{split}: documents", blocks[-1].stop, "docs", PROG)
+    for i in mine:
+        if not parts.done(split, i):
+            docs = mk.sample_documents(chain, args.seed, split_id, blocks[i].start,
+                                       blocks[i].stop)
+            lengths = np.array([len(d) for d in docs], np.int64)
+            parts.save(split, i, tokens=np.concatenate(docs).astype(dtype),
+                       doc_offsets=np.cumsum(lengths))
+        bar.advance(len(blocks[i]))
+    bar.close()
+
+
+def write_split(out: str, split: str, meta: tk.TokenMeta, parts: Parts, mine: range,
+                comm: Any) -> str:
+    """Collective: OUT/SPLIT.h5 from every rank's parts: tokens in block order, document
+    offsets shifted by their block's first token."""
+    final = os.path.join(out, f"{split}.h5")
+    layout = frame.part_layout(parts, split, mine, comm)
+    top = frame.allreduce(comm, max((int(parts.load(split, i)["tokens"].max(initial=0))
+                                     for i in mine), default=0), op="max")
+
+    def datasets(f: Any, n_tokens: int) -> dict[str, Any]:
+        tokens, offsets = tk.create_datasets(f, meta, n_tokens,
+                                             layout.totals[tk.DOC_OFFSETS], top)
+        if comm.rank == 0:
+            offsets[0] = 0
+        return {tk.TOKENS: tokens, tk.DOC_OFFSETS: offsets}
+
+    bar = frame.Progress(comm, f"{split}: file", layout.totals[tk.TOKENS], "tokens", PROG)
+    frame.write_parts(final, parts, split, mine, datasets, comm, tw.WRITE_TOKENS,
+                      progress=bar, layout=layout, shift={tk.DOC_OFFSETS: (tk.TOKENS, 1)})
+    bar.close()
+    return final
+
+
+def _write(args: argparse.Namespace, chain: MarkovChain, comm: Any
            ) -> tuple[list[str], float]:
-    """Collective: each rank draws its blocks of documents; all write each split. The
-    paths, and the chain's entropy rate."""
+    """Collective: each rank draws its blocks of documents as parts; all write each split
+    from them. The paths, and the chain's entropy rate."""
     h = mk.entropy_rate(chain)
     written = []
-    for split_id, (split, count) in enumerate((("train", args.docs), ("val", args.val_docs))):
-        lo, hi = rank_rows(count, mk.DOCS_PER_BLOCK, comm.rank, comm.size)
-        docs = mk.sample_documents(chain, args.seed, split_id, lo, hi)
-        written.append(tw.write_split(args.out, split, docs, _meta(chain, args, split, h), comm))
+    options = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite", "resume")}
+    with Parts(args.out, "markov", options, comm, args.resume) as parts:
+        per_block = docs_per_block(chain, frame.block_bytes(args.block_mib))
+        for split_id, (split, count) in enumerate((("train", args.docs),
+                                                   ("val", args.val_docs))):
+            blocks = plan_items(count, per_block)
+            mine = rank_blocks(len(blocks), comm.rank, comm.size)
+            meta = _meta(chain, args, split, h)
+            save_blocks(chain, args, split_id, split, blocks, mine, meta.dtype, parts, comm)
+            written.append(write_split(args.out, split, meta, parts, mine, comm))
     return written, h
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = prep_run.world()
+    comm = frame.world()
 
     def summary(result: tuple[list[str], float], seconds: float) -> None:
         written, h = result
@@ -100,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: entropy rate {h:.4f} nats/token; {seconds:.2f} s on {comm.size} "
               "rank(s)", flush=True)
 
-    return prep_run.run(PROG, comm, lambda: _check(args, comm),
+    return frame.run(PROG, comm, lambda: _check(args, comm),
                         lambda chain: _write(args, chain, comm), summary)
 
 

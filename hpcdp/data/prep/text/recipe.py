@@ -169,10 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="N", help="a BPE is trained on at most about N bytes of the "
                    "training documents, every k-th of each block (default: 256 MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    p.add_argument("--block-mib", type=float, default=bk.DEFAULT_BLOCK_BYTES / MIB,
-                   help="input read and tokenized at once per rank, in MiB (default: 64)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue a stopped run from the blocks it saved in OUT/.hpcdp-prep")
+    prep_run.add_common_options(p)
     return p
 
 
@@ -198,15 +195,16 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
     if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
         raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
                                 "or 'bpe')")
-    if not args.block_mib > 0 or args.bpe_sample_bytes < 1:
-        raise tw.TokenPrepError("--block-mib and --bpe-sample-bytes must be positive")
+    _block_bytes(args)
+    if args.bpe_sample_bytes < 1:
+        raise tw.TokenPrepError(f"--bpe-sample-bytes {args.bpe_sample_bytes}: expected a "
+                                "positive number of bytes")
     corpus = Corpus(expand_files(args.files), args.lines, args.field)
     for path, kind in zip(corpus.paths, corpus.kinds):
         if kind == dc.PARQUET:
             dc.require_pyarrow(path)
             break
-    resuming = args.resume and os.path.isdir(os.path.join(args.out, ".hpcdp-prep"))
-    prep_run.check_outputs(args.out, _outputs(args), args.overwrite or resuming)
+    prep_run.check_outputs(args.out, _outputs(args), args.overwrite, resume=args.resume)
     return corpus
 
 
@@ -221,16 +219,8 @@ def fingerprint(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
             "bpe_sample_bytes": args.bpe_sample_bytes, "block_bytes": _block_bytes(args)}
 
 
-def report_resumed(comm: Any, saved: int, total: int) -> None:
-    """Collective: rank 0 says how many blocks a stopped run had saved (when any)."""
-    saved = prep_run.allreduce(comm, saved)
-    if saved and comm.rank == 0:
-        print(f"{PROG}: --resume: {saved} of {total} blocks were saved by the stopped run",
-              file=sys.stderr, flush=True)
-
-
 def _block_bytes(args: argparse.Namespace) -> int:
-    return max(1, int(args.block_mib * MIB))
+    return prep_run.block_bytes(args.block_mib)
 
 
 def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[str], str | None]:
@@ -239,10 +229,10 @@ def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[st
     blocks = corpus.blocks(_block_bytes(args))
     mine = bk.rank_blocks(len(blocks), comm.rank, comm.size)
     parts = Parts(args.out, RECIPE, fingerprint(args, corpus), comm, args.resume)
-    report_resumed(comm, sum(parts.done(passes.DOCS, b) for b in mine), len(blocks))
+    prep_run.resume_note(comm, PROG, parts, passes.DOCS, mine)
     try:
         tok = make_tokenizer(args, corpus, blocks, mine, parts, comm)
-        progress = prep_run.Progress(comm, "tokenized", corpus.total, "B")
+        progress = prep_run.Progress(comm, "tokenized", corpus.total, "B", PROG)
         error = passes.tokenize_blocks(corpus, blocks, mine, tok, parts, progress)
         progress.close()
         prep_run.raise_agreed(comm, error, tw.TokenPrepError)

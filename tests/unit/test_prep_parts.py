@@ -1,0 +1,155 @@
+"""Per-block parts, the resume record and the frame's writer and progress, on one process."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcdp.data.prep import frame
+from hpcdp.data.prep.parts import Parts, differences
+
+COMM = frame.SerialComm()
+
+
+def _datasets(f: h5py.File, n: int) -> dict[str, h5py.Dataset]:
+    f.attrs["num_samples"] = n
+    return {"x": f.create_dataset("x", (n, 2), np.float32),
+            "y": f.create_dataset("y", (n,), np.int64)}
+
+
+def _block(i: int, n: int) -> dict[str, np.ndarray]:
+    rows = np.arange(10 * i, 10 * i + n)
+    return {"x": np.stack([rows, -rows], 1).astype(np.float32), "y": rows,
+            "extra": np.ones(3)}
+
+
+def test_parts_to_one_file_in_block_order_in_slabs(tmp_path: Path) -> None:
+    sizes = [4, 0, 7, 1]
+    with Parts(str(tmp_path), "test", {"a": 1}, COMM, resume=False) as parts:
+        for i in reversed(range(len(sizes))):  # saved out of order: the file is in block order
+            parts.save("train", i, **_block(i, sizes[i]))
+        assert parts.rows("train", 2) == 7 and parts.length("train", 2, "extra") == 3
+        assert isinstance(parts.load("train", 0)["x"], np.memmap)
+        bar = frame.Progress(COMM, "train", sum(sizes), "rows", stream=io.StringIO())
+        total = frame.write_parts(str(tmp_path / "train.h5"), parts, "train", range(4),
+                                  _datasets, COMM, slab_rows=3, progress=bar)
+        bar.close()
+        assert total == 12 and bar.done == 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.h5"]  # work folder removed
+    with h5py.File(tmp_path / "train.h5") as f:
+        want = np.concatenate([_block(i, n)["y"] for i, n in enumerate(sizes)])
+        np.testing.assert_array_equal(f["y"][:], want)
+        np.testing.assert_array_equal(f["x"][:, 1], -want)
+        assert f.attrs["num_samples"] == 12 and "extra" not in f
+
+
+def test_a_part_is_there_whole_or_not_at_all(tmp_path: Path) -> None:
+    parts = Parts(str(tmp_path), "test", {}, COMM, resume=False)
+    assert not parts.done("train", 3)
+    parts.save("train", 3, y=np.arange(5))
+    assert parts.done("train", 3) and parts.rows("train", 3) == 5
+    # a temporary left by a killed save is neither done nor in the way of a new save
+    (tmp_path / ".hpcdp-prep" / "train" / ".0000004.tmp-deadbeef").mkdir()
+    assert not parts.done("train", 4)
+    parts.save("train", 4, y=np.arange(2))
+    np.testing.assert_array_equal(parts.load("train", 4)["y"], [0, 1])
+    parts.save("train", 4, y=np.arange(2))  # saved twice (a resumed rank): kept, no error
+    assert parts.rows("train", 4) == 2
+
+
+def test_existing_work_folder_needs_resume_and_the_same_options(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    first = Parts(out, "clicks", {"rows": 100, "seed": 1}, COMM, resume=False)
+    first.save("train", 0, y=np.arange(3))
+    first.save_state("vocabulary", {"done": True})
+    with pytest.raises(frame.PrepError, match=r"partial preparation.*pass --resume"):
+        Parts(out, "clicks", {"rows": 100, "seed": 1}, COMM, resume=False)
+    with pytest.raises(frame.PrepError, match=r"seed: 1 -> 2"):
+        Parts(out, "clicks", {"rows": 100, "seed": 2}, COMM, resume=True)
+    (tmp_path / ".train.h5.tmp-0123456789ab").write_bytes(b"half a file")
+    again = Parts(out, "clicks", {"seed": 1, "rows": 100}, COMM, resume=True)
+    assert again.resumed and again.done("train", 0) and not again.done("train", 1)
+    assert again.load_state("vocabulary") == {"done": True}
+    assert again.load_state("other") is None
+    assert not (tmp_path / ".train.h5.tmp-0123456789ab").exists()  # the killed run's temporary
+    fresh = Parts(str(tmp_path / "new"), "clicks", {}, COMM, resume=True)
+    assert not fresh.resumed  # --resume with nothing to resume starts afresh
+
+
+def test_bad_input_found_while_working_leaves_nothing_but_a_crash_keeps_the_parts(
+        tmp_path: Path) -> None:
+    with pytest.raises(frame.PrepError), Parts(str(tmp_path), "t", {}, COMM, False) as parts:
+        parts.save("train", 0, y=np.arange(3))
+        raise frame.PrepError("a.tsv: line 3: bad")
+    assert not (tmp_path / ".hpcdp-prep").exists()
+    with pytest.raises(KeyboardInterrupt), Parts(str(tmp_path), "t", {}, COMM, False) as parts:
+        parts.save("train", 0, y=np.arange(3))
+        raise KeyboardInterrupt
+    assert (tmp_path / ".hpcdp-prep" / "train").is_dir()
+
+
+def test_fingerprint_differences_name_the_options() -> None:
+    assert differences({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
+        "b: 2 -> 3", "c: None -> 4"]
+
+
+def test_resuming_accepts_outputs_the_unfinished_run_renamed(tmp_path: Path) -> None:
+    (tmp_path / "train.h5").write_bytes(b"x")
+    with pytest.raises(frame.PrepError, match="already exist"):
+        frame.check_outputs(str(tmp_path), ["train.h5"], overwrite=False, resume=True)
+    (tmp_path / ".hpcdp-prep").mkdir()
+    frame.check_outputs(str(tmp_path), ["train.h5"], overwrite=False, resume=True)
+    with pytest.raises(frame.PrepError, match="already exist"):
+        frame.check_outputs(str(tmp_path), ["train.h5"], overwrite=False, resume=False)
+
+
+def test_progress_line_says_done_rate_and_time_left() -> None:
+    out = io.StringIO()
+    bar = frame.Progress(COMM, "train", 2_000_000, "rows", every=0.0, stream=out)
+    bar.start -= 10.0
+    bar.advance(500_000)
+    line = out.getvalue().strip()
+    assert line.startswith("hpcdp prep: train: 500.0k/2.0M rows (25%), ")
+    assert "k rows/s" in line and "s left" in line
+    bar.close()
+    assert "2.0M" not in out.getvalue().splitlines()[-1].split("/")[0]
+
+
+def test_add_common_options_and_block_size() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    frame.add_common_options(parser)
+    args = parser.parse_args(["--resume", "--block-mib", "0.5"])
+    assert args.resume and frame.block_bytes(args.block_mib) == 1 << 19
+    assert frame.block_bytes(parser.parse_args([]).block_mib) == 64 << 20
+    with pytest.raises(frame.PrepError, match="--block-mib 0"):
+        frame.block_bytes(0)
+    assert json.dumps(frame.EXIT_BAD_INPUT) == "2" and frame.EXIT_WRITE_FAILED == 1
+
+
+def test_arrays_of_other_lengths_and_offsets_shifted_into_the_file(tmp_path: Path) -> None:
+    docs = [[np.array([1, 2, 3]), np.array([4])], [], [np.array([5, 6])]]  # blocks of documents
+    with Parts(str(tmp_path), "test", {}, COMM, resume=False) as parts:
+        for i, block in enumerate(docs):
+            lengths = np.array([len(d) for d in block], np.int64)
+            tokens = np.concatenate(block) if block else np.zeros(0, np.int64)
+            parts.save("train", i, tokens=tokens, ends=np.cumsum(lengths))
+        layout = frame.part_layout(parts, "train", range(3), COMM)
+        assert layout.totals == {"tokens": 6, "ends": 3}
+
+        def datasets(f: h5py.File, n: int) -> dict[str, h5py.Dataset]:
+            ends = f.create_dataset("ends", (layout.totals["ends"] + 1,), np.int64)
+            ends[0] = 0
+            return {"tokens": f.create_dataset("tokens", (n,), np.int64), "ends": ends}
+
+        frame.write_parts(str(tmp_path / "t.h5"), parts, "train", range(3), datasets, COMM,
+                          slab_rows=1, layout=layout, shift={"ends": ("tokens", 1)})
+    with h5py.File(tmp_path / "t.h5") as f:
+        np.testing.assert_array_equal(f["tokens"][:], [1, 2, 3, 4, 5, 6])
+        np.testing.assert_array_equal(f["ends"][:], [0, 3, 4, 6])
