@@ -4,6 +4,9 @@ Runs `hpcdp prep synthetic` under mpirun (via `hpcdp.runtime.launcher.run_ranks`
 1 and then 2 ranks, alternating, for a few rounds. The figure compared is the
 preparation's own time (from the first barrier to the renamed file, reported
 by rank 0); the wall time with the launcher's start-up is shown beside it.
+
+``--memory``: peak memory per rank of the text and image recipes at a small and a
+large generated input (`hpcdp.bench.prep_memory`; its own options follow).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common
+from hpcdp.bench import common, prep_memory
 from hpcdp.bench.reader import result_path
 from hpcdp.cliargs import parse_args
 from hpcdp.runtime.launcher import run_ranks
@@ -39,6 +42,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--memory" in argv:  # peak memory per rank at two input sizes: its own module
+        return prep_memory.main([a for a in argv if a != "--memory"])
     p = argparse.ArgumentParser(prog="hpcdp bench prep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100_000)

@@ -66,7 +66,7 @@ def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
 def block_docs(parts: Any, mine: range, n_blocks: int, comm: Any) -> np.ndarray:
     """Collective: the documents of every block, from the parts."""
     counts = np.zeros(n_blocks, np.int64)
-    for got in comm.allgather([(b, len(parts.load(DOCS, b)["lengths"])) for b in mine]):
+    for got in comm.allgather([(b, parts.length(DOCS, b, "lengths")) for b in mine]):
         for b, n in got:
             counts[b] = n
     return counts
