@@ -164,3 +164,21 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path: Path, capsys) -> Non
     assert (out / "train.h5").read_bytes() != before
     params = json.loads(h5py.File(out / "train.h5").attrs["source_params"])
     assert params["tokenizer"] == "bytes" and not params["lines"]
+
+
+def test_the_bpe_sample_is_bounded_and_only_training_documents(tmp_path: Path) -> None:
+    from hpcdp.data.prep.frame import SerialComm
+    from hpcdp.data.prep.text import corpus_synth
+
+    corpus_synth.make_corpus(str(tmp_path / "c"), 200_000, files=2)
+    corpus = tc.Corpus(tc.expand_files([str(tmp_path / "c" / "*")]), lines=False)
+    blocks = corpus.blocks(20_000)
+    every = [t for b in blocks for t in corpus.texts(b)]
+    train = {t for g, t in enumerate(every) if not tp.is_val(g, 0.5)}
+    sample, error = passes.sample_for_bpe(corpus, blocks, range(len(blocks)), 0.5, 20_000,
+                                          SerialComm())
+    assert error is None and sample and set(sample) <= train
+    assert 5_000 < sum(len(t.encode()) for t in sample) <= 20_000 + max(map(len, every)) * 4
+    whole, _ = passes.sample_for_bpe(corpus, blocks, range(len(blocks)), 0.5, 10**9,
+                                     SerialComm())
+    assert whole == [t for g, t in enumerate(every) if not tp.is_val(g, 0.5)]

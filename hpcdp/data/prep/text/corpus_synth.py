@@ -26,14 +26,14 @@ POOL_WORDS = 1 << 20
 LETTERS = "etaoinshrdlucmfwypvbgkqjxz" + "éüßøñ"
 
 
-def word_pool(rng: np.random.Generator) -> str:
-    """A long text of Zipf-distributed words, with sentence ends."""
+def word_pool(rng: np.random.Generator, n_words: int = POOL_WORDS) -> str:
+    """A text of `n_words` Zipf-distributed words, with sentence ends."""
     lengths = rng.integers(1, 10, WORDS)
     weights = 1.0 / np.arange(1, len(LETTERS) + 1)
     letters = rng.choice(list(LETTERS), int(lengths.sum()), p=weights / weights.sum())
     cuts = np.cumsum(lengths)[:-1]
     words = ["".join(w) for w in np.split(letters, cuts)]
-    ranks = np.minimum(rng.zipf(1.2, POOL_WORDS), WORDS) - 1
+    ranks = np.minimum(rng.zipf(1.2, n_words), WORDS) - 1
     text = [words[r] + (". " if i % 17 == 16 else " ") for i, r in enumerate(ranks)]
     return "".join(text)
 
@@ -41,10 +41,10 @@ def word_pool(rng: np.random.Generator) -> str:
 def documents(total_bytes: int, seed: int):
     """Documents until about `total_bytes` of JSON Lines are made."""
     rng = np.random.Generator(np.random.PCG64(seed))
-    pool = word_pool(rng)
+    pool = word_pool(rng, int(np.clip(total_bytes // 6, 4096, POOL_WORDS)))
     made = 0
     while made < total_bytes:
-        n = int(min(20_000, max(50, rng.lognormal(7.5, 0.9))))
+        n = int(min(20_000, len(pool) // 2, max(50, rng.lognormal(7.5, 0.9))))
         at = int(rng.integers(0, len(pool) - n))
         line = json.dumps({"text": pool[at : at + n].strip()}, ensure_ascii=False)
         made += len(line.encode()) + 1
