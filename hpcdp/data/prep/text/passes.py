@@ -78,7 +78,8 @@ def sample_stride(total_bytes: int, sample_bytes: int) -> int:
 
 
 def sample_for_bpe(corpus: Corpus, blocks: Sequence[bk.Block], mine: range, fraction: float,
-                   sample_bytes: int, comm: Any) -> tuple[list[str], str | None]:
+                   sample_bytes: int, comm: Any, progress: Any = None
+                   ) -> tuple[list[str], str | None]:
     """Collective: on rank 0 the BPE's training sample in corpus order (elsewhere []), and
     the first error of any rank.
 
@@ -86,6 +87,7 @@ def sample_for_bpe(corpus: Corpus, blocks: Sequence[bk.Block], mine: range, frac
     bytes), then the validation ones left out once the blocks' document counts give
     each its global number; if the candidates' text is still over `sample_bytes`, every
     m-th is kept. Every step depends on the blocks only, never on the number of ranks.
+    `progress` (closed here, collective) hears the bytes read.
     """
     k = sample_stride(corpus.total, sample_bytes)
     picked: list[tuple[int, int, str]] = []  # (block, index in block, text)
@@ -99,6 +101,10 @@ def sample_for_bpe(corpus: Corpus, blocks: Sequence[bk.Block], mine: range, frac
         counts.append((b, len(texts)))
         picked += [(b, j, texts[j]) for j in range(0, len(texts), k)]
         del texts
+        if progress is not None:
+            progress.advance(blocks[b].nbytes)
+    if progress is not None:
+        progress.close()
     errors = [e for e in comm.allgather(error) if e]
     if errors:
         return [], errors[0]

@@ -55,8 +55,8 @@ from hpcdp.runtime.crash import report_crashes
 PROG = "datasets/text.py"
 RECIPE = "text"
 MIB = 1 << 20
-#: Text a BPE is trained on at most, by default: enough for a 32k-100k vocabulary's merges
-#: to settle, and what one node's memory holds beside the library's own counts.
+#: Text a BPE is trained on at most, by default: rank 0 holds it and the library's counts
+#: of it, so it bounds that rank's memory whatever the corpus's size.
 DEFAULT_BPE_SAMPLE_BYTES = 256 * MIB
 
 
@@ -82,8 +82,9 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
             return tz.from_json(saved["json"], "tokenizer.json", args.eod_token)
     except tz.TokenizerError as exc:  # the same on every rank: each reads the same file
         raise tw.TokenPrepError(str(exc)) from None
+    progress = prep_run.Progress(comm, "BPE sample", corpus.total, "B", PROG)
     sample, error = passes.sample_for_bpe(corpus, blocks, mine, args.val_fraction,
-                                          args.bpe_sample_bytes, comm)
+                                          args.bpe_sample_bytes, comm, progress)
     text = None
     if error is None and comm.rank == 0:  # the library trains on one node, on all its threads
         try:
@@ -98,7 +99,7 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
     return tz.from_json(text, "tokenizer.json", args.eod_token)
 
 
-def check_counts(comm: Any, counts: dict[str, int], fraction: float) -> None:
+def check_counts(counts: dict[str, int], fraction: float) -> None:
     """An empty corpus or an empty split is an error (the same counts on every rank)."""
     if counts["train"] + counts["val"] == 0:
         raise tw.TokenPrepError("--files: no documents (every file or line is empty)")
@@ -237,7 +238,7 @@ def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[st
         progress.close()
         prep_run.raise_agreed(comm, error, tw.TokenPrepError)
         docs = passes.block_docs(parts, mine, len(blocks), comm)
-        check_counts(comm, split_totals(int(docs.sum()), args.val_fraction), args.val_fraction)
+        check_counts(split_totals(int(docs.sum()), args.val_fraction), args.val_fraction)
     except tw.TokenPrepError:  # bad input: nothing written, nothing kept to resume from
         parts.remove()
         raise
