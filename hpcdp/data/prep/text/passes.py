@@ -3,15 +3,15 @@
 - `sample_for_bpe`: the documents a BPE is trained on, at most about ``--bpe-sample-bytes``
   of text, every k-th document of each block and training documents only, the same on
   any number of ranks (the rule below); gathered on rank 0, which trains.
-- `tokenize_blocks`: each block's documents tokenized at once into the file's dtype and
-  saved as a part (tokens, per-document lengths); a part already there (``--resume``)
-  is kept.
+- `tokenize_blocks`: each block's documents read and tokenized a batch at a time into the
+  file's dtype and saved as a part (tokens, per-document lengths); a part already there
+  (``--resume``) is kept.
 - `block_docs`: every block's document count, from the parts, on every rank: block b's
   first document is the sum over the blocks before it, which decides the split.
 
-A rank holds one block's documents and tokens at a time; the parts on disk hold the
-whole corpus's tokens (2 bytes a token for vocabularies up to 65,536) until the files
-are written.
+A rank holds one block's tokens at a time (its documents a batch at a time); the
+parts on disk hold the whole corpus's tokens (2 bytes a token for vocabularies up to
+65,536) until the files are written.
 """
 
 from __future__ import annotations
@@ -52,13 +52,14 @@ def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
     """Tokenize this rank's blocks into parts; the first error, or None."""
     for b in mine:
         if not parts.done(DOCS, b):
-            texts, error = read_block(corpus, blocks[b])
-            if error:
-                return error
-            assert texts is not None
-            tokens, lengths = tok.encode_flat(texts)
-            del texts
+            try:
+                tokens, lengths = tok.encode_stream(corpus.texts(blocks[b]))
+            except OSError as exc:  # e.g. a file removed since it was listed
+                return f"cannot read the corpus: {exc}"
+            except TokenPrepError as exc:
+                return str(exc)
             parts.save(DOCS, b, tokens=tokens, lengths=lengths)
+            del tokens, lengths
         progress.advance(blocks[b].end - blocks[b].start)
     return None
 

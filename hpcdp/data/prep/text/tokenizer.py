@@ -14,6 +14,7 @@ they were made with.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,19 @@ class Tokenizer:
             pieces.append(np.fromiter((t for e in encs for t in (*e.ids, self.eod_id)),
                                       dtype, int(lengths[a : a + len(encs)].sum())))
         return (np.concatenate(pieces) if pieces else np.zeros(0, dtype)), lengths
+
+    def encode_stream(self, texts: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_flat` of `texts` taken `ENCODE_BATCH` at a time, so that a block's
+        documents are never all held as Python strings: about twice its tokens at most."""
+        pieces, lengths = [], []
+        stream = iter(texts)
+        while batch := list(itertools.islice(stream, ENCODE_BATCH)):
+            tokens, counts = self.encode_flat(batch)
+            pieces.append(tokens)
+            lengths.append(counts)
+        if not pieces:
+            return np.zeros(0, tk.token_dtype(self.vocab_size)), np.zeros(0, np.int64)
+        return np.concatenate(pieces), np.concatenate(lengths)
 
 
 def byte_level() -> Tokenizer:
