@@ -182,3 +182,14 @@ def test_the_bpe_sample_is_bounded_and_only_training_documents(tmp_path: Path) -
     whole, _ = passes.sample_for_bpe(corpus, blocks, range(len(blocks)), 0.5, 10**9,
                                      SerialComm())
     assert whole == [t for g, t in enumerate(every) if not tp.is_val(g, 0.5)]
+
+
+@given(st.lists(st.integers(1, 40), max_size=60), st.integers(1, 64))
+def test_a_blocks_documents_are_copied_in_slabs_of_whole_documents(lengths, slab) -> None:
+    from hpcdp.data.prep.text.writer import doc_slabs
+
+    lengths = np.array(lengths, np.int64)
+    pieces = doc_slabs(lengths, slab)
+    assert [i for a, z in pieces for i in range(a, z)] == list(range(len(lengths)))
+    for a, z in pieces:  # a slab crosses its bound by its last document at most
+        assert lengths[a : z - 1].sum() < slab or z - a == 1

@@ -29,17 +29,40 @@ from hpcdp.data.prep.frame import PrepError
 
 #: Tokens per write call at most: MPI-IO counts are 32-bit, and smaller calls bound staging.
 WRITE_TOKENS = 1 << 26
+#: Tokens of a block copied to a file at once (8 MiB of uint16).
+SLAB_TOKENS = 1 << 22
 
 
 class TokenPrepError(PrepError):
     """Bad preparation input or options: the message names the file or option."""
 
 
-def _write_tokens(dset: Any, tokens: np.ndarray, start: int) -> None:
-    """`tokens` into ``dset[start:...]``, at most `WRITE_TOKENS` a call."""
-    for a in range(0, len(tokens), WRITE_TOKENS):
-        piece = tokens[a : a + WRITE_TOKENS]
-        dset[start + a : start + a + len(piece)] = piece
+def doc_slabs(lengths: np.ndarray, slab: int = SLAB_TOKENS) -> list[tuple[int, int]]:
+    """Documents ``[lo, hi)`` of a block, cut where their first token crosses a multiple of
+    `slab` tokens: whole documents, about `slab` tokens each (a longer document alone)."""
+    starts = np.cumsum(lengths) - lengths
+    cuts = np.unique(np.searchsorted(starts, np.arange(0, int(lengths.sum()), slab)))
+    bounds = [*cuts.tolist(), len(lengths)]
+    return [(a, z) for a, z in zip(bounds, bounds[1:]) if z > a]
+
+
+def _copy_kept(parts: Any, block: int, lengths: np.ndarray, keep: np.ndarray, dset: Any,
+               start: int) -> int:
+    """Block `block`'s kept documents' tokens into ``dset[start:...]``, a slab at a time
+    (the part mapped afresh for each, so its pages never add up); their largest id."""
+    ends = np.cumsum(lengths)
+    top = 0
+    for lo, hi in doc_slabs(lengths):
+        if not keep[lo:hi].any():
+            continue
+        mapped = parts.load("docs", block)["tokens"]
+        chunk = np.asarray(mapped[ends[lo] - lengths[lo] : ends[hi - 1]])
+        del mapped
+        kept = chunk[np.repeat(keep[lo:hi], lengths[lo:hi])]
+        dset[start : start + len(kept)] = kept
+        start += len(kept)
+        top = max(top, int(kept.max()))
+    return top
 
 
 def report_written(prog: str, paths: Sequence[str]) -> None:
@@ -86,13 +109,9 @@ def write_split_parts(out_dir: str, name: str, parts: Any, mine: range, firsts: 
     with prep_run.replacing(final, comm) as tmp, prep_run.create_h5(tmp, comm) as f:
         tokens, offsets = tk.create_datasets(f, meta, total_tok, total_doc, 0)
         for b in mine:
-            part = parts.load("docs", b)
-            lengths = np.asarray(part["lengths"])
+            lengths = np.asarray(parts.load("docs", b)["lengths"])
             keep = select(int(firsts[b]), lengths)
-            kept = np.asarray(part["tokens"])[np.repeat(keep, lengths)]
-            del part
-            top = max(top, int(kept.max()) if len(kept) else 0)
-            _write_tokens(tokens, kept, int(tok_at[b]))
+            top = max(top, _copy_kept(parts, b, lengths, keep, tokens, int(tok_at[b])))
             if docs[b]:
                 local = tk.offsets_from_lengths(lengths[keep], int(tok_at[b]))
                 offsets[doc_at[b] : doc_at[b] + docs[b]] = local[:-1]
