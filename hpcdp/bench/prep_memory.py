@@ -106,12 +106,14 @@ def make_inputs(args: argparse.Namespace) -> None:
         if not where.is_dir():
             # Files of at least a block each, so both sizes read whole blocks.
             files = max(1, int(mib // args.block_mib))
-            corpus_synth.make_corpus(str(where), mib * MIB, files=files)
+            corpus_synth.make_corpus(f"{where}.tmp", mib * MIB, files=files)
+            os.replace(f"{where}.tmp", where)  # a complete corpus or none
             print(f"made {mib} MiB of JSON Lines in {where}", flush=True)
     for n in args.images:
         where = args.work / f"images-{n}"
         if not where.is_dir():
-            photo_synth.make_folder(str(where), n)
+            photo_synth.make_folder(f"{where}.tmp", n)
+            os.replace(f"{where}.tmp", where)
             print(f"made {n} photo-sized JPEGs in {where}", flush=True)
 
 
