@@ -12,7 +12,7 @@ rank); the files are the same for any number of ranks. Options:
 
 import sys
 
-from hpcdp.data.prep.clicks.recipe import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["clicks", *sys.argv[1:]]))

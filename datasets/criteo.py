@@ -13,7 +13,7 @@ number of ranks. Options: `python datasets/criteo.py --help`.
 
 import sys
 
-from hpcdp.data.prep.clicks.criteo_recipe import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["criteo", *sys.argv[1:]]))

@@ -9,7 +9,7 @@ Layouts, rules and options: docs/data-images.md, `python datasets/images.py --he
 
 import sys
 
-from hpcdp.data.prep.images.recipe import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["images", *sys.argv[1:]]))

@@ -8,7 +8,7 @@ Runs on one process or under mpirun / srun --mpi=pmix. Options: `python datasets
 
 import sys
 
-from hpcdp.data.prep.text.markov_recipe import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["markov", *sys.argv[1:]]))

@@ -11,7 +11,7 @@ Runs on one process or under mpirun / srun --mpi=pmix. Options: `python datasets
 
 import sys
 
-from hpcdp.data.prep.text.recipe import main
+from hpcdp.data.prep.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["text", *sys.argv[1:]]))

@@ -16,7 +16,8 @@ from hpcdp.runtime.crash import report_crashes
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("hpcdp.data.prep.cli",
-             "write a sharded, chunked HDF5 dataset (serial or MPI-parallel)"),
+             "prepare a dataset as chunked HDF5 (serial or MPI-parallel): arrays, digits, "
+             "cifar, synthetic, markov, clicks, images, text, criteo"),
     "train": ("hpcdp.train", "train a model data-parallel with Horovod"),
     "slurm": ("hpcdp.cluster.cli",
               "render or submit a Slurm batch script; sweeps, chains, job status"),

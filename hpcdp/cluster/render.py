@@ -181,7 +181,8 @@ PREP_HEADER = """\
 #   sbatch --ntasks=4 slurm/prep.sbatch digits --out data/digits        # hpcdp prep ...
 #   sbatch --ntasks=4 slurm/prep.sbatch datasets/digits.py --out data/digits
 # A first argument ending in .py is a recipe script run on every rank; anything
-# else is handed to `hpcdp prep`. Environment (optional): HPCDP_VENV (venv to
+# else is handed to `hpcdp prep`. Near its time limit the job requeues itself and
+# the next run adds --resume. Environment (optional): HPCDP_VENV (venv to
 # activate), HPCDP_SETUP (file to source first: module loads, exports),
 # HPCDP_PYTHON (default python3), HPCDP_SRUN_MPI (default: the site's MpiDefault).
 """
@@ -357,11 +358,34 @@ if [[ "$1" == *.py ]]; then
 else
   command=("$python" -m hpcdp prep "$@")
 fi
+# A requeued run (see the trap below) continues from the blocks the stopped one
+# completed: every recipe keeps them in OUT/.hpcdp-prep/ and takes --resume.
+if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then command+=(--resume); fi
 # One thread per rank: the work is I/O and copying.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 ntasks="${SLURM_NTASKS:-1}"
-log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-?}: $ntasks ranks: ${command[*]}"
-exec srun "${mpi[@]}" --ntasks="$ntasks" --kill-on-bad-exit=1 "${command[@]}"
+log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
+    "${SLURM_JOB_NODELIST:-?}: $ntasks ranks: ${command[*]}"
+
+# Before the time limit Slurm sends USR1 to this shell (--signal=B:USR1@...): it
+# requeues the job, which stops the ranks (their completed blocks are on disk) and
+# runs this script again with --resume. Nothing to save first: a block is written
+# whole or not at all, so a plain kill loses at most the blocks in progress.
+requeue() {
+  local job="${SLURM_JOB_ID:-?}"
+  [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  log "batch shell got USR1 (time limit near): requeueing job $job to resume"
+  scontrol requeue "$job" ||
+    log "error: scontrol requeue $job failed: the preparation is unfinished"
+}
+trap requeue USR1
+srun "${mpi[@]}" --ntasks="$ntasks" --kill-on-bad-exit=1 "${command[@]}" &
+srun_pid=$!
+# Poll, not `wait`: the trap runs between the short sleeps, and srun's status survives.
+while kill -0 "$srun_pid" 2>/dev/null; do sleep 0.5 || true; done
+wait "$srun_pid" && status=0 || status=$?
+log "ranks finished with exit status $status"
+exit "$status"
 """
 TRAIN = TRAIN.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
 
@@ -546,8 +570,8 @@ def _training_args(signal: str, config: str | None, overrides: Sequence[str]) ->
 
 def render_prep() -> str:
     """slurm/prep.sbatch: the dataset preparation job, with the training's prologue."""
-    sb = ["--job-name=hpcdp-prep", "--nodes=1", "--time=00:30:00", "--open-mode=append",
-          "--output=%x-%j.out"]
+    sb = ["--job-name=hpcdp-prep", "--nodes=1", "--time=00:30:00", "--signal=B:USR1@120",
+          "--requeue", "--open-mode=append", "--output=%x-%j.out"]
     lines = ["#!/bin/bash", PREP_HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb),
              "set -eo pipefail"]
     return "\n".join(lines) + "\n" + PROLOGUE + PREP

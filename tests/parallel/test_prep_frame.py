@@ -18,7 +18,8 @@ def _file(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
         return f["x"][:], f["y"][:], dict(f.attrs)
 
 
-@pytest.mark.parametrize(("np_", "serial"), [(1, False), (2, False), (3, False), (2, True)])
+@pytest.mark.parametrize(("np_", "serial"), [(1, False), (2, False), (3, False), (8, False),
+                                            (2, True)])
 def test_parts_make_the_same_file_on_any_number_of_ranks(ranks, tmp_path: Path, np_: int,
                                                          serial: bool) -> None:
     out = tmp_path / "out"

@@ -153,3 +153,18 @@ def test_arrays_of_other_lengths_and_offsets_shifted_into_the_file(tmp_path: Pat
     with h5py.File(tmp_path / "t.h5") as f:
         np.testing.assert_array_equal(f["tokens"][:], [1, 2, 3, 4, 5, 6])
         np.testing.assert_array_equal(f["ends"][:], [0, 3, 4, 6])
+
+
+def test_progress_on_a_terminal_is_a_bar() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    bar = frame.Progress(COMM, "val", 300, "rows", stream=out)
+    bar.advance(100)
+    bar.advance(200)
+    bar.close()
+    text = out.getvalue()
+    assert "val:" in text and "300/300" in text and "rows/s" in text
+    assert "hpcdp prep: val" not in text  # the bar, not the log lines
