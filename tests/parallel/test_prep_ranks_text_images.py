@@ -1,4 +1,4 @@
-"""Small blocks on 3 ranks: the text recipe (lines cut across blocks and ranks, the BPE's
+"""Small blocks on 3 and 8 ranks: the text recipe (lines cut across blocks and ranks, the BPE's
 bounded sample) and the image recipe write the files of one rank."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def same_files(a: Path, b: Path) -> None:
             np.testing.assert_array_equal(fa.attrs[key], fb.attrs[key])
 
 
-def test_text_in_small_blocks_on_three_ranks(ranks, tmp_path: Path) -> None:
+@pytest.mark.parametrize("np_", [3, 8])  # 8: oversubscribed, some ranks without a block
+def test_text_in_small_blocks_on_several_ranks(ranks, tmp_path: Path, np_: int) -> None:
     root = tmp_path / "c"
     corpus_synth.make_corpus(str(root), 60_000, files=2)
     lines = (root / "part-00000.jsonl").read_text().splitlines()
@@ -43,15 +44,16 @@ def test_text_in_small_blocks_on_three_ranks(ranks, tmp_path: Path) -> None:
             "0.1", "--tokenizer", "bpe", "--vocab-size", "300", "--bpe-sample-bytes", "15000"]
     assert text.main([*args, "--out", str(tmp_path / "one")]) == 0
     run = ranks([sys.executable, str(REPO / "datasets" / "text.py"), *args, "--out",
-                 str(tmp_path / "three")], np=3, timeout=120)
-    assert "on 3 rank(s)" in run.output
+                 str(tmp_path / "three")], np=np_, timeout=180)
+    assert f"on {np_} rank(s)" in run.output
     for name in ("train.h5", "val.h5"):
         same_files(tmp_path / "one" / name, tmp_path / "three" / name)
     assert (tmp_path / "one" / "tokenizer.json").read_bytes() == (
         tmp_path / "three" / "tokenizer.json").read_bytes()
 
 
-def test_images_in_small_blocks_on_three_ranks(ranks, tmp_path: Path) -> None:
+@pytest.mark.parametrize("np_", [8])  # 2 ranks: test_images_prep.py
+def test_images_in_small_blocks_on_several_ranks(ranks, tmp_path: Path, np_: int) -> None:
     spec = importlib.util.spec_from_file_location("make_image_folder",
                                                   REPO / "scripts" / "make_image_folder.py")
     mod = importlib.util.module_from_spec(spec)
@@ -61,7 +63,7 @@ def test_images_in_small_blocks_on_three_ranks(ranks, tmp_path: Path) -> None:
             "--block-mib", "0.001"]  # 2 images a block
     assert images.main([*args, "--out", str(tmp_path / "one")]) == 0
     run = ranks([sys.executable, str(REPO / "datasets" / "images.py"), *args, "--out",
-                 str(tmp_path / "three")], np=3, timeout=120)
-    assert "on 3 rank(s)" in run.output
+                 str(tmp_path / "three")], np=np_, timeout=180)
+    assert f"on {np_} rank(s)" in run.output
     for name in ("train.h5", "val.h5"):
         same_files(tmp_path / "one" / name, tmp_path / "three" / name)
