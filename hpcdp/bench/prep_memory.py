@@ -134,9 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return measured(argv[1], argv[2], argv[3:])
     p = argparse.ArgumentParser(prog="hpcdp bench prep --memory", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--text-mib", type=lambda s: [int(v) for v in s.split(",")],
+    p.add_argument("--text-mib", type=lambda s: [int(v) for v in s.split(",") if v],
                    default=[100, 500], help="JSON Lines sizes in MiB (default 100,500)")
-    p.add_argument("--images", type=lambda s: [int(v) for v in s.split(",")],
+    p.add_argument("--images", type=lambda s: [int(v) for v in s.split(",") if v],
                    default=[2000, 8000], help="photo-sized JPEG counts (default 2000,8000)")
     p.add_argument("--bpe", action="store_true", help="also the text recipe with a BPE")
     p.add_argument("--bpe-sample-mib", type=int, default=32)
