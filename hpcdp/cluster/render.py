@@ -371,9 +371,14 @@ log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
 # requeues the job, which stops the ranks (their completed blocks are on disk) and
 # runs this script again with --resume. Nothing to save first: a block is written
 # whole or not at all, so a plain kill loses at most the blocks in progress.
+srun_pid=
 requeue() {
   local job="${SLURM_JOB_ID:-?}"
   [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  if [[ -n "$srun_pid" ]] && ! kill -0 "$srun_pid" 2>/dev/null; then
+    log "batch shell got USR1, but the ranks have finished: not requeued"
+    return
+  fi
   log "batch shell got USR1 (time limit near): requeueing job $job to resume"
   scontrol requeue "$job" ||
     log "error: scontrol requeue $job failed: the preparation is unfinished"

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.parallel
 PREP = [sys.executable, "-m", "hpcdp.data.prep.cli"]
 RECIPES = {
     "synthetic": ["synthetic", "--samples", "6000", "--shape", "3,16,16", "--val-samples",
-                  "1000", "--block-mib", "0.02"],
+                  "3000", "--block-mib", "0.02"],
     "clicks": ["clicks", "--rows", "20000", "--val-rows", "2000", "--users", "50",
                "--items", "40", "--max-table", "500", "--block-mib", "0.02"],
 }
@@ -84,7 +84,10 @@ def test_killed_then_resumed_writes_what_one_run_writes(ranks, tmp_path: Path, c
     args, out = RECIPES[recipe], tmp_path / "out"
     assert prep.main([*args, "--out", str(tmp_path / "whole")]) == 0
 
-    ready = (lambda: _parts(out) >= 1) if moment == "parts" else (lambda: _temporary(out))
+    if moment == "parts":
+        ready = lambda: _parts(out) >= 1  # noqa: E731
+    else:  # while train.h5 is written, or once it is (val still to do)
+        ready = lambda: _temporary(out) or (out / "train.h5").exists()  # noqa: E731
     kill_when([*PREP, *args, "--out", str(out)], ready)
     assert (out / ".hpcdp-prep").is_dir() and not (out / "val.h5").exists()
     killed_parts = _parts(out)

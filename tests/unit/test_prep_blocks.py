@@ -41,6 +41,10 @@ def test_plan_items_covers_every_item_once() -> None:
     assert bl.plan_items(0, 3) == []
     assert bl.items_per_block(3 * 64 * 64, 1 << 20) == 85
     assert bl.items_per_block(10 << 20, 1 << 20) == 1
+    # whole units (chunks), and small inputs still cut into MIN_BLOCKS blocks for the ranks
+    assert bl.items_per_block(100, 1 << 20, unit=64) == 64 * 163
+    assert bl.items_per_block(100, 1 << 20, n_items=64 * 64 * 10, unit=64) == 640
+    assert bl.items_per_block(100, 1 << 20, n_items=5, unit=64) == 64
 
 
 @given(st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r\n", b"xyz"]), max_size=40),

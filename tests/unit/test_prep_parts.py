@@ -168,3 +168,12 @@ def test_progress_on_a_terminal_is_a_bar() -> None:
     text = out.getvalue()
     assert "val:" in text and "300/300" in text and "rows/s" in text
     assert "hpcdp prep: val" not in text  # the bar, not the log lines
+
+
+def test_progress_rate_leaves_out_what_an_earlier_run_did() -> None:
+    out = io.StringIO()
+    bar = frame.Progress(COMM, "train", 1000, "rows", every=0.0, stream=out)
+    bar.start -= 10.0
+    bar.advance(900, resumed=True)  # blocks found done: counted, but not this run's speed
+    bar.advance(50)
+    assert "950/1000 rows (95%), 5 rows/s, 10 s left" in out.getvalue().splitlines()[-1]

@@ -22,6 +22,9 @@ from typing import Any
 #: Bytes of input per block by default (``--block-mib``): large enough that per-block
 #: overheads (a part file, a message to rank 0) vanish, small enough for any node.
 DEFAULT_BLOCK_BYTES = 64 << 20
+#: A small input is still cut into at least this many blocks (when it has as many items),
+#: so that up to as many ranks share it.
+MIN_BLOCKS = 64
 
 
 def byte_range(size: int, rank: int, nranks: int) -> tuple[int, int]:
@@ -77,9 +80,16 @@ def plan_items(n_items: int, items_per_block: int) -> list[range]:
             for a in range(0, n_items, items_per_block)]
 
 
-def items_per_block(item_bytes: int, block_bytes: int) -> int:
-    """Items of about `item_bytes` each that fill a block of `block_bytes` (at least 1)."""
-    return max(1, block_bytes // max(1, item_bytes))
+def items_per_block(item_bytes: float, block_bytes: int, n_items: int = 0, unit: int = 1) -> int:
+    """Items of about `item_bytes` each per block: a whole number of `unit` items (a chunk,
+    a generator's batch) filling about `block_bytes`, but no more than makes `MIN_BLOCKS`
+    blocks of `n_items` (when given), so that a small input is still shared by up to that
+    many ranks. Depends on no rank count: a resumed run on other ranks finds the same
+    blocks."""
+    units = max(1, int(block_bytes // max(1.0, item_bytes * unit)))
+    if n_items:
+        units = min(units, max(1, -(-n_items // (unit * MIN_BLOCKS))))
+    return units * unit
 
 
 def line_start(data: Any, start: int) -> int:

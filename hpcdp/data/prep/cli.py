@@ -1,22 +1,24 @@
-"""`hpcdp prep SOURCE --out DIR`: write a source's splits as chunked, samples-first HDF5.
+"""`hpcdp prep RECIPE --out DIR`: every recipe's command; the sample sources' recipes here.
 
-Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``: with
-several ranks every rank writes its own chunk-aligned slab of ONE file through
-parallel HDF5 (driver ``mpio``). File creation, dataset creation, attributes
-and close are collective; every rank makes the same number of data writes
-(some empty). The data transfer is independent MPI-IO by default: each rank's
-slab is contiguous, and collective two-phase I/O made 2 ranks on a shared
-2-core machine about 1.8x slower than 1 (ranks wait for each other every
-round); ``--mpio collective`` switches it on for file systems where
-aggregation pays. With compression, rank 0 writes alone: parallel HDF5 1.10
-cannot reliably write filtered datasets through MPI-IO.
+`arrays`, `digits`, `cifar` and `synthetic` are sources of fixed-shape samples
+(`hpcdp.data.prep.arrays`), run here; the other recipes (`RECIPES`) have modules of their
+own, to which `main` hands the command line. All run in the frame of
+`hpcdp.data.prep.frame` (docs/prep.md): blocks of whole chunks saved as parts by the
+ranks, then ONE file per split written from them through parallel HDF5 (driver
+``mpio``). File creation, dataset creation, attributes and close are collective; every
+rank makes the same number of data writes (some empty). The data transfer is independent
+MPI-IO by default: each block is contiguous, and collective two-phase I/O made 2 ranks on
+a shared 2-core machine about 1.8x slower than 1 (ranks wait for each other every
+round); ``--mpio collective`` switches it on for file systems where aggregation pays.
+With compression, rank 0 writes alone: parallel HDF5 1.10 cannot reliably write filtered
+datasets through MPI-IO.
 
 Each file is written under a temporary name and renamed when complete, so a
 failed run never clobbers an existing good file; a file already there is
 replaced only with ``--overwrite``. Bad input (that refusal included) is
 detected on every rank and agreed on (an all-gather of errors) before any
 collective file operation, so every rank prints the problem and exits 2 with
-nothing written.
+nothing written. A stopped run continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from hpcdp.data.format.samples import (  # noqa: F401  (re-exported for the reci
 )
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, plan_items, rank_blocks
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.frame import (
     EXIT_BAD_INPUT,
     EXIT_WRITE_FAILED,
@@ -121,11 +123,6 @@ def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> dict[
     return dsets
 
 
-def block_rows(chunk: int, sample_bytes: int, block_bytes: int) -> int:
-    """Samples per block: whole chunks, about `block_bytes` (so no two ranks share a chunk)."""
-    return chunk * max(1, block_bytes // max(1, chunk * sample_bytes))
-
-
 def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: range,
                 opts: WriteOptions, comm: Any) -> None:
     """Collective: this rank's blocks of `source` as parts (those not done by an earlier
@@ -133,11 +130,12 @@ def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: ran
     frame.resume_note(comm, PROG, parts, source.name, mine)
     bar = frame.Progress(comm, f"{source.name}: samples", source.num_samples, "samples", PROG)
     for i in mine:
-        if not parts.done(source.name, i):
+        resumed = parts.done(source.name, i)
+        if not resumed:
             xs, ys = source.slab(blocks[i].start, blocks[i].stop)
             labels = {"y": ys} if opts.y_name and source.has_labels else {}
             parts.save(source.name, i, x=xs, **labels)
-        bar.advance(len(blocks[i]))
+        bar.advance(len(blocks[i]), resumed)
     bar.close()
 
 
@@ -147,8 +145,9 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
     file from every rank's parts (under a temporary name); return the final path."""
     final = os.path.join(out_dir, f"{source.name}.h5")
     chunk = chunk_rows(source.sample_bytes, source.num_samples, opts.chunk_bytes)
-    blocks = plan_items(source.num_samples,
-                        block_rows(chunk, source.sample_bytes, opts.block_bytes))
+    # whole chunks a block, so that no two ranks write into one chunk
+    blocks = plan_items(source.num_samples, items_per_block(
+        source.sample_bytes, opts.block_bytes, source.num_samples, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
     save_blocks(source, parts, blocks, mine, opts, comm)
     bar = frame.Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)

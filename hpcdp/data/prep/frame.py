@@ -438,8 +438,8 @@ class Progress:
         self.comm, self.what, self.total, self.unit = comm, what, int(total), unit
         self.prog, self.every = prog, every
         self.stream = stream if stream is not None else sys.stderr
-        self.mine = 0
-        self.counts = [0] * comm.size
+        self.mine = (0, 0)  # units done, and of them those an earlier run did (resumed)
+        self.counts = [(0, 0)] * comm.size
         self.start = time.monotonic()
         self._said = self._sent = self.start
         self._reqs: list[Any] = []
@@ -454,11 +454,12 @@ class Progress:
     @property
     def done(self) -> int:
         """Rank 0: the units every rank reported done so far."""
-        return sum(self.counts)
+        return sum(done for done, _ in self.counts)
 
-    def advance(self, n: int) -> None:
-        """This rank did `n` more units (rows, files, bytes)."""
-        self.mine += int(n)
+    def advance(self, n: int, resumed: bool = False) -> None:
+        """This rank did `n` more units (rows, files, bytes); `resumed`: an earlier run did
+        them (they count as done, not toward the rate)."""
+        self.mine = (self.mine[0] + int(n), self.mine[1] + (int(n) if resumed else 0))
         now = time.monotonic()
         if self.comm.rank != 0:
             if now - self._sent >= 1.0:
@@ -479,7 +480,7 @@ class Progress:
         while self._p2p.iprobe(source=MPI.ANY_SOURCE, tag=self._COUNT, status=status):
             source = status.Get_source()
             self.counts[source] = max(self.counts[source],
-                                      self._p2p.recv(source=source, tag=self._COUNT))
+                                      tuple(self._p2p.recv(source=source, tag=self._COUNT)))
 
     def _show(self, now: float, final: bool = False) -> None:
         if self._bar is not None:
@@ -493,7 +494,7 @@ class Progress:
         """The plain report: what, done/total (percent), rate, time left."""
         seconds = max(1e-9, (time.monotonic() if now is None else now) - self.start)
         done = self.done
-        rate = done / seconds
+        rate = (done - sum(resumed for _, resumed in self.counts)) / seconds
         text = f"{self.prog}: {self.what}: {_count(done)}"
         if self.total:
             text += f"/{_count(self.total)} {self.unit} ({100 * done / self.total:.0f}%)"
@@ -533,7 +534,7 @@ class Progress:
         while waiting:
             got = self._p2p.recv(source=mpi.ANY_SOURCE, tag=mpi.ANY_TAG, status=status)
             source = status.Get_source()
-            self.counts[source] = max(self.counts[source], got)
+            self.counts[source] = max(self.counts[source], tuple(got))
             if status.Get_tag() == self._DONE:
                 waiting.discard(source)
 

@@ -93,8 +93,12 @@ class Parts:
                                 f"continues ({'; '.join(changed)}); use the same options, or "
                                 "remove the folder to start again")
             return True
-        os.makedirs(self.dir)
-        _write_json(os.path.join(self.dir, FINGERPRINT), self.fingerprint)
+        # Made whole under a temporary name, so a kill at any moment leaves either no work
+        # folder or one with its fingerprint.
+        tmp = f"{self.dir}.tmp-{uuid.uuid4().hex[:8]}"
+        os.makedirs(tmp)
+        _write_json(os.path.join(tmp, FINGERPRINT), self.fingerprint)
+        os.rename(tmp, self.dir)
         return False
 
     def _read_fingerprint(self) -> dict[str, Any]:

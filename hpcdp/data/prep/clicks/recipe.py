@@ -1,8 +1,10 @@
 """Write the synthetic click log (`hpcdp.data.prep.clicks.synth`) as OUT/train.h5 and OUT/val.h5.
 
-Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``: every rank
-generates and writes its own chunk-aligned slab of each file through parallel
-HDF5, as `hpcdp.data.prep.cli` does for samples. Each file holds three row-aligned
+Run on one process, or under ``mpirun -np N`` / ``srun --mpi=pmix``, in the frame of
+`hpcdp.data.prep.frame` (docs/prep.md): every rank generates its blocks of whole chunks
+as parts, then all write each file from the parts through parallel HDF5; the
+validation AUCs are computed on rank 0 alone from the parts. Each file holds three
+row-aligned
 datasets, chunked alike (the same rows per chunk, so that a reader's whole-chunk
 reads line up across them):
 
@@ -16,7 +18,8 @@ can be built from the data), ``field_names``, ``dense_features``, ``click_rate``
 and, on the validation file, ``oracle_auc`` and ``baseline_auc``.
 
 An existing output is never replaced unless ``--overwrite`` is given; bad options
-are agreed on by every rank before any collective file operation.
+are agreed on by every rank before any collective file operation; a stopped run
+continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, plan_items, rank_blocks
+from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.clicks import synth as ck
 from hpcdp.data.prep.parts import Parts
 from hpcdp.runtime.crash import report_crashes
@@ -90,11 +93,12 @@ def save_blocks(world: ck.ClickWorld, split: str, blocks: list[range], mine: ran
     frame.resume_note(comm, PROG, parts, split, mine)
     bar = frame.Progress(comm, f"{split}: rows", blocks[-1].stop if blocks else 0, "rows", PROG)
     for i in mine:
-        if not parts.done(split, i):
+        resumed = parts.done(split, i)
+        if not resumed:
             rows = world.rows(split, blocks[i].start, blocks[i].stop)
             extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
             parts.save(split, i, dense=rows.dense, sparse=rows.sparse, label=rows.label, **extra)
-        bar.advance(len(blocks[i]))
+        bar.advance(len(blocks[i]), resumed)
     bar.close()
 
 
@@ -121,7 +125,7 @@ def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any, p
     when complete); return the path."""
     final = os.path.join(out, f"{split}.h5")
     chunk = samples.chunk_rows(ROW_BYTES, n, chunk_bytes)
-    blocks = plan_items(n, chunk * max(1, block_bytes // (chunk * ROW_BYTES)))
+    blocks = plan_items(n, items_per_block(ROW_BYTES, block_bytes, n, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
     save_blocks(world, split, blocks, mine, parts, comm)
     attrs = computed_attrs(split, n, parts, mine, len(blocks), comm)

@@ -1,10 +1,11 @@
-"""`datasets/markov.py --out DIR`: the Markov-chain corpus as token files train.h5, val.h5.
+"""`hpcdp prep markov --out DIR`: the Markov-chain corpus as token files train.h5, val.h5.
 
-Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``: each rank draws
-its share of the documents (whole blocks of `markov.DOCS_PER_BLOCK`, each from
-its own seed, so the corpus is the same on any number of ranks) and all write
-one file per split (`hpcdp.data.prep.text.writer`). Both files carry the chain's
-entropy rate as the attribute ``entropy_rate_nats``: the loss no model can beat.
+Runs on one process or under ``mpirun`` / ``srun --mpi=pmix``, in the frame of
+`hpcdp.data.prep.frame` (docs/prep.md): each rank draws its blocks of documents
+(whole batches of `markov.DOCS_PER_BLOCK`, each from its own seed, so the corpus is
+the same on any number of ranks) as parts, and all write one file per split from
+them. Both files carry the chain's entropy rate as the attribute
+``entropy_rate_nats``: the loss no model can beat.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.blocks import plan_items, rank_blocks
+from hpcdp.data.prep.blocks import items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.data.prep.text import writer as tw
@@ -83,10 +84,23 @@ def _check(args: argparse.Namespace, comm: Any) -> MarkovChain:
     return chain
 
 
-def docs_per_block(chain: MarkovChain, block_bytes: int) -> int:
-    """Whole generator blocks of documents, about `block_bytes` of tokens as drawn (int64)."""
-    doc_bytes = 8 * (1 / chain.end_prob + 1)
-    return mk.DOCS_PER_BLOCK * max(1, int(block_bytes // (mk.DOCS_PER_BLOCK * doc_bytes)))
+def docs_per_block(chain: MarkovChain, block_bytes: int, count: int, dtype: np.dtype) -> int:
+    """Whole generator batches of documents, about `block_bytes` of tokens as saved."""
+    doc_bytes = (1 / chain.end_prob + 1) * dtype.itemsize  # the mean length, EOD included
+    return items_per_block(doc_bytes, block_bytes, count, unit=mk.DOCS_PER_BLOCK)
+
+
+def draw_block(chain: MarkovChain, seed: int, split_id: int, docs: range, dtype: np.dtype
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of documents `docs` (in the file's dtype) and each one's end within them,
+    drawn a generator batch at a time: only the block's tokens are ever held whole."""
+    tokens, lengths = [], []
+    for lo in range(docs.start, docs.stop, mk.DOCS_PER_BLOCK):
+        drawn = mk.sample_documents(chain, seed, split_id, lo,
+                                    min(docs.stop, lo + mk.DOCS_PER_BLOCK))
+        lengths.append(np.array([len(d) for d in drawn], np.int64))
+        tokens.append(np.concatenate(drawn).astype(dtype))
+    return np.concatenate(tokens), np.cumsum(np.concatenate(lengths))
 
 
 def save_blocks(chain: MarkovChain, args: argparse.Namespace, split_id: int, split: str,
@@ -97,13 +111,11 @@ def save_blocks(chain: MarkovChain, args: argparse.Namespace, split_id: int, spl
     frame.resume_note(comm, PROG, parts, split, mine)
     bar = frame.Progress(comm, f"{split}: documents", blocks[-1].stop, "docs", PROG)
     for i in mine:
-        if not parts.done(split, i):
-            docs = mk.sample_documents(chain, args.seed, split_id, blocks[i].start,
-                                       blocks[i].stop)
-            lengths = np.array([len(d) for d in docs], np.int64)
-            parts.save(split, i, tokens=np.concatenate(docs).astype(dtype),
-                       doc_offsets=np.cumsum(lengths))
-        bar.advance(len(blocks[i]))
+        resumed = parts.done(split, i)
+        if not resumed:
+            tokens, ends = draw_block(chain, args.seed, split_id, blocks[i], dtype)
+            parts.save(split, i, tokens=tokens, doc_offsets=ends)
+        bar.advance(len(blocks[i]), resumed)
     bar.close()
 
 
@@ -138,12 +150,12 @@ def _write(args: argparse.Namespace, chain: MarkovChain, comm: Any
     written = []
     options = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite", "resume")}
     with Parts(args.out, "markov", options, comm, args.resume) as parts:
-        per_block = docs_per_block(chain, frame.block_bytes(args.block_mib))
         for split_id, (split, count) in enumerate((("train", args.docs),
                                                    ("val", args.val_docs))):
-            blocks = plan_items(count, per_block)
-            mine = rank_blocks(len(blocks), comm.rank, comm.size)
             meta = _meta(chain, args, split, h)
+            blocks = plan_items(count, docs_per_block(chain, frame.block_bytes(args.block_mib),
+                                                      count, meta.dtype))
+            mine = rank_blocks(len(blocks), comm.rank, comm.size)
             save_blocks(chain, args, split_id, split, blocks, mine, meta.dtype, parts, comm)
             written.append(write_split(args.out, split, meta, parts, mine, comm))
     return written, h
