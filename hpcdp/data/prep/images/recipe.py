@@ -154,11 +154,11 @@ def _block_bytes(args: argparse.Namespace) -> int:
 def decode_all(args: argparse.Namespace, layout: folder.Layout, parts: Parts,
                comm: Any) -> dict[str, range]:
     """Collective: every split decoded into parts; this rank's blocks of each split."""
-    per_block = iw.items_per_block(args.size, _block_bytes(args))
     total = sum(len(e) for e in layout.splits.values())
     progress = Progress(comm, "decoded", total, "files", PROG)
     mine, error = {}, None
     for name, entries in layout.splits.items():
+        per_block = bk.items_per_block(3 * args.size**2, _block_bytes(args), len(entries))
         blocks = bk.plan_items(len(entries), per_block)
         mine[name] = bk.rank_blocks(len(blocks), comm.rank, comm.size)
         resume_note(comm, PROG, parts, name, mine[name])

@@ -1,7 +1,8 @@
 """Decode a split's images in bounded blocks into parts, then write the split's file from them.
 
-A split's files (in output order) are cut into blocks of `items_per_block` images,
-about ``--block-mib`` of decoded pixels; each rank takes a contiguous, even share of
+A split's files (in output order) are cut into blocks of about ``--block-mib`` of
+decoded pixels (at least `blocks.MIN_BLOCKS` blocks when there are as many files, so a
+small folder is still shared by the ranks); each rank takes a contiguous, even share of
 the blocks (`hpcdp.data.prep.blocks`). Each image is decoded once: a block's good
 images become a part (``x`` uint8 ``(n, 3, S, S)``, ``y`` int64), and beside it the
 block's undecodable files and its exact per-channel integer sums (`stats`). The ranks
@@ -27,11 +28,6 @@ from hpcdp.data.prep.frame import write_parts
 from hpcdp.data.prep.images.decode import DecodeError, decode
 from hpcdp.data.prep.images.shards import Member
 from hpcdp.data.prep.images.stats import integer_sums
-
-
-def items_per_block(size: int, block_bytes: int) -> int:
-    """Images per block: about `block_bytes` of decoded ``(3, S, S)`` uint8 pixels."""
-    return max(1, block_bytes // (3 * size * size))
 
 
 def source_of(entry: Any) -> str | IO[bytes]:
@@ -72,7 +68,9 @@ def decode_blocks(split: str, entries: Sequence[Any], blocks: Sequence[range], m
                        pixels=np.array([pixels], np.int64), labels=np.bincount(y),
                        bad=np.array(bad, dtype=str))
             parts.save(split, b, x=x, y=y)
-        progress.advance(len(blocks[b]))
+            progress.advance(len(blocks[b]))
+        else:
+            progress.advance(len(blocks[b]), resumed=True)
     return None
 
 

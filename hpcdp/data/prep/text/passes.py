@@ -60,7 +60,9 @@ def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
                 return str(exc)
             parts.save(DOCS, b, tokens=tokens, lengths=lengths)
             del tokens, lengths
-        progress.advance(blocks[b].end - blocks[b].start)
+            progress.advance(blocks[b].nbytes)
+        else:
+            progress.advance(blocks[b].nbytes, resumed=True)
     return None
 
 

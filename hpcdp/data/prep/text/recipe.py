@@ -217,17 +217,24 @@ def fingerprint(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
     return {"files": listed, "lines": args.lines, "field": args.field,
             "val_fraction": args.val_fraction, "tokenizer": tokenizer,
             "vocab_size": args.vocab_size, "eod_token": args.eod_token,
-            "bpe_sample_bytes": args.bpe_sample_bytes, "block_bytes": _block_bytes(args)}
+            "bpe_sample_bytes": args.bpe_sample_bytes,
+            "block_bytes": corpus_block_bytes(args, corpus)}
 
 
 def _block_bytes(args: argparse.Namespace) -> int:
     return prep_run.block_bytes(args.block_mib)
 
 
+def corpus_block_bytes(args: argparse.Namespace, corpus: Corpus) -> int:
+    """``--block-mib``, but small enough for `blocks.MIN_BLOCKS` blocks of the corpus, so
+    that a small corpus is still shared by the ranks (the corpus's size alone decides)."""
+    return min(_block_bytes(args), max(1, -(-corpus.total // bk.MIN_BLOCKS)))
+
+
 def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[str], str | None]:
     """Collective: tokenize this rank's blocks into parts, write the splits (and
     tokenizer.json), remove the parts; the paths written."""
-    blocks = corpus.blocks(_block_bytes(args))
+    blocks = corpus.blocks(corpus_block_bytes(args, corpus))
     mine = bk.rank_blocks(len(blocks), comm.rank, comm.size)
     parts = Parts(args.out, RECIPE, fingerprint(args, corpus), comm, args.resume)
     prep_run.resume_note(comm, PROG, parts, passes.DOCS, mine)
