@@ -7,6 +7,8 @@ by rank 0); the wall time with the launcher's start-up is shown beside it.
 
 ``--criteo``: peak memory per rank of the Criteo recipe at 1x and 8x generated rows
 (`hpcdp.bench.prep_criteo`; its own options follow).
+``--memory``: peak memory per rank of the text and image recipes at a small and a
+large generated input (`hpcdp.bench.prep_memory`; its own options follow).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common, prep_criteo
+from hpcdp.bench import common, prep_criteo, prep_memory
 from hpcdp.bench.reader import result_path
 from hpcdp.cliargs import parse_args
 from hpcdp.runtime.launcher import run_ranks
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--criteo" in argv:  # the Criteo recipe's memory at 1x and 8x the rows: its own module
         return prep_criteo.main([a for a in argv if a != "--criteo"])
+    if "--memory" in argv:  # peak memory per rank at two input sizes: its own module
+        return prep_memory.main([a for a in argv if a != "--memory"])
     p = argparse.ArgumentParser(prog="hpcdp bench prep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100_000)

@@ -12,18 +12,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcdp.data.format import tokens as tk
+from hpcdp.data.prep.text import corpus as tc
+from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import recipe as tp
 from hpcdp.data.read.tokens import TokenReader, TokenReaderError
 
 
 def test_line_spans() -> None:
     data = b"ab\n\ncd\r\nefg"
-    spans = tp.line_spans(data, 0, 0, len(data))
+    spans = tc.line_spans(data, 0, 0, len(data))
     assert [data[s.start : s.stop] for s in spans] == [b"ab", b"cd", b"efg"]
     # A range starting mid-line leaves that line to the previous range.
-    assert [data[s.start : s.stop] for s in tp.line_spans(data, 0, 1, len(data))] == [b"cd",
+    assert [data[s.start : s.stop] for s in tc.line_spans(data, 0, 1, len(data))] == [b"cd",
                                                                                      b"efg"]
-    assert [data[s.start : s.stop] for s in tp.line_spans(data, 0, 4, 5)] == [b"cd"]
+    assert [data[s.start : s.stop] for s in tc.line_spans(data, 0, 4, 5)] == [b"cd"]
 
 
 @given(st.lists(st.sampled_from([b"a", b"bb", b"\n", b"\r\n", b"xyz"]), max_size=30),
@@ -31,8 +33,8 @@ def test_line_spans() -> None:
 def test_any_cut_of_the_bytes_gives_each_line_once(parts: list[bytes], cuts: list[int]) -> None:
     data = b"".join(parts)
     bounds = sorted({0, len(data), *(min(c, len(data)) for c in cuts)})
-    pieces = [s for a, b in zip(bounds, bounds[1:]) for s in tp.line_spans(data, 0, a, b)]
-    assert pieces == tp.line_spans(data, 0, 0, len(data))
+    pieces = [s for a, b in zip(bounds, bounds[1:]) for s in tc.line_spans(data, 0, a, b)]
+    assert pieces == tc.line_spans(data, 0, 0, len(data))
     assert [data[s.start : s.stop] for s in pieces] == [
         line.rstrip(b"\r") for line in data.split(b"\n") if line.rstrip(b"\r")]
 
@@ -43,9 +45,12 @@ def test_validation_documents_are_evenly_spread(docs: int, fraction: float) -> N
     assert len(val) == int(docs * fraction)
 
 
-def test_file_owner_is_contiguous_by_bytes() -> None:
-    assert tp.file_owner([0, 10, 20, 90], 100, 2) == [0, 0, 0, 1]
-    assert tp.file_owner([0, 0], 0, 4) == [0, 0]
+@given(st.integers(0, 300), st.integers(1, 300), st.floats(0.0, 0.99))
+def test_a_blocks_validation_mask_is_the_rule(first: int, n: int, fraction: float) -> None:
+    got = passes.val_mask(first, n, fraction).tolist()
+    assert got == [tp.is_val(g, fraction) for g in range(first, first + n)]
+    assert tp.split_totals(first + n, fraction)["val"] == sum(
+        tp.is_val(g, fraction) for g in range(first + n))
 
 
 def corpus(root: Path, texts: list[str]) -> str:
@@ -159,3 +164,32 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path: Path, capsys) -> Non
     assert (out / "train.h5").read_bytes() != before
     params = json.loads(h5py.File(out / "train.h5").attrs["source_params"])
     assert params["tokenizer"] == "bytes" and not params["lines"]
+
+
+def test_the_bpe_sample_is_bounded_and_only_training_documents(tmp_path: Path) -> None:
+    from hpcdp.data.prep.frame import SerialComm
+    from hpcdp.data.prep.text import corpus_synth
+
+    corpus_synth.make_corpus(str(tmp_path / "c"), 200_000, files=2)
+    corpus = tc.Corpus(tc.expand_files([str(tmp_path / "c" / "*")]), lines=False)
+    blocks = corpus.blocks(20_000)
+    every = [t for b in blocks for t in corpus.texts(b)]
+    train = {t for g, t in enumerate(every) if not tp.is_val(g, 0.5)}
+    sample, error = passes.sample_for_bpe(corpus, blocks, range(len(blocks)), 0.5, 20_000,
+                                          SerialComm())
+    assert error is None and sample and set(sample) <= train
+    assert 5_000 < sum(len(t.encode()) for t in sample) <= 20_000 + max(map(len, every)) * 4
+    whole, _ = passes.sample_for_bpe(corpus, blocks, range(len(blocks)), 0.5, 10**9,
+                                     SerialComm())
+    assert whole == [t for g, t in enumerate(every) if not tp.is_val(g, 0.5)]
+
+
+@given(st.lists(st.integers(1, 40), max_size=60), st.integers(1, 64))
+def test_a_blocks_documents_are_copied_in_slabs_of_whole_documents(lengths, slab) -> None:
+    from hpcdp.data.prep.text.writer import doc_slabs
+
+    lengths = np.array(lengths, np.int64)
+    pieces = doc_slabs(lengths, slab)
+    assert [i for a, z in pieces for i in range(a, z)] == list(range(len(lengths)))
+    for a, z in pieces:  # a slab crosses its bound by its last document at most
+        assert lengths[a : z - 1].sum() < slab or z - a == 1

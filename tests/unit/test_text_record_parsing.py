@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from hpcdp.data.prep.text import corpus as tc
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import recipe as tp
 from hpcdp.data.prep.text.writer import TokenPrepError
@@ -170,12 +171,13 @@ def test_a_truncated_gzip_is_named(tmp_path: Path, capsys) -> None:
     assert f"{path}: cannot be decompressed after line" in capsys.readouterr().err
 
 
-def test_jsonl_lines_split_across_ranks_give_each_record_once(tmp_path: Path) -> None:
+def test_jsonl_lines_cut_into_blocks_give_each_record_once(tmp_path: Path) -> None:
     root = tmp_path / "c"
     as_jsonl(root, DOCS)
-    corpus = tp.Corpus(tp.expand_files([str(root / "*")]), lines=False)
-    whole = list(corpus.texts(corpus.spans(0, 1)))
+    corpus = tc.Corpus(tc.expand_files([str(root / "*")]), lines=False)
+    whole = [t for b in corpus.blocks(1 << 30) for t in corpus.texts(b)]
     assert whole == [d for d in DOCS if d]
-    for size in (2, 3, 7):
-        parts = [t for r in range(size) for t in corpus.texts(corpus.spans(r, size))]
-        assert parts == whole
+    for block_bytes in (1, 7, 64, 1000):
+        blocks = corpus.blocks(block_bytes)
+        assert [b.index for b in blocks] == list(range(len(blocks)))
+        assert [t for b in blocks for t in corpus.texts(b)] == whole

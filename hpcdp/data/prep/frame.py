@@ -65,6 +65,9 @@ class SerialComm:
     def bcast(self, value: Any, root: int = 0) -> Any:
         return value
 
+    def gather(self, value: Any, root: int = 0) -> list[Any]:
+        return [value]
+
     def Barrier(self) -> None:  # noqa: N802 - mpi4py's name
         pass
 

@@ -206,7 +206,7 @@ def scan(root: str, val_fraction: float | None = None, seed: int = 0,
     return Layout(root, classes, ordered, found.hidden, found.other, found.examples)
 
 
-def _outside_message(root: str, links: list[str]) -> str:
+def outside_message(root: str, links: list[str]) -> str:
     shown_links = "\n  ".join(links[:SHOW_OUTSIDE])
     more = f"\n  ... and {len(links) - SHOW_OUTSIDE} more" if len(links) > SHOW_OUTSIDE else ""
     return (f"{len(links)} link(s) lead outside --root {shown(root)}:\n  {shown_links}{more}\n"
@@ -217,7 +217,7 @@ def _check_outside(root: str, scan: _Scan) -> None:
     """`FolderError` listing the links out of the root, when the scan met any (checked
     before the classes, since such a link may leave a class empty)."""
     if scan.outside:
-        raise FolderError(_outside_message(root, scan.outside))
+        raise FolderError(outside_message(root, scan.outside))
 
 
 def _no_images(c: str, folder: str) -> FolderError:

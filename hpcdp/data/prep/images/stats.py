@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
+#: Bytes of int64 values summed at once: the widened copy of a block stays small.
+WIDE_BYTES = 8 << 20
 
-def integer_sums(x: np.ndarray, rows: int = 1024) -> tuple[np.ndarray, np.ndarray, int]:
+
+def integer_sums(x: np.ndarray, rows: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact per-channel sums and sums of squares of uint8 images (N, C, H, W), and the
-    pixels per channel; `rows` images at a time, so memory stays small."""
+    pixels per channel; `rows` images at a time (default: about `WIDE_BYTES` widened to
+    int64), so memory stays small."""
+    if rows is None:
+        rows = max(1, WIDE_BYTES // (8 * max(1, int(np.prod(x.shape[1:])))))
     sums = np.zeros(x.shape[1], np.int64)
     squares = np.zeros(x.shape[1], np.int64)
     for a in range(0, len(x), rows):

@@ -1,81 +1,113 @@
-"""Decode a split's files over the ranks and write them as one samples-first HDF5 file.
+"""Decode a split's images in bounded blocks into parts, then write the split's file from them.
 
-Each rank decodes a contiguous range of the split's files holding about equal
-bytes (`folder.byte_ranges`), in two passes: the first decodes every file of
-its range, so that the ranks agree on the undecodable ones and on the training
-statistics before any file is created; the second writes. A rank's decoded
-share is kept in memory between the passes up to `KEEP_BYTES`, beyond which it
-is decoded again. Rows follow the files' output order whatever the number of
-ranks (rank r's first row is the count of good files before its range), so 1
-and N ranks write the same datasets and attributes.
-
-Per-channel sums and sums of squares are exact integers (`stats`), so the mean
-and standard deviation are the same on any number of ranks.
+A split's files (in output order) are cut into blocks of about ``--block-mib`` of
+decoded pixels (at least `blocks.MIN_BLOCKS` blocks when there are as many files, so a
+small folder is still shared by the ranks); each rank takes a contiguous, even share of
+the blocks (`hpcdp.data.prep.blocks`). Each image is decoded once: a block's good
+images become a part (``x`` uint8 ``(n, 3, S, S)``, ``y`` int64), and beside it the
+block's undecodable files and its exact per-channel integer sums (`stats`). The ranks
+agree on the bad files, the class counts and the statistics from those small
+summaries before any file is created; then `frame.write_parts` copies the parts to
+their rows, in block order, so 1 and N ranks write the same datasets and attributes.
+A rank holds one block of images at a time; a part already saved (``--resume``) is
+kept, not decoded again.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, Any
 
 import numpy as np
 
 from hpcdp import __version__
 from hpcdp.data.format import samples
-from hpcdp.data.prep.frame import allreduce, create_h5, exscan, mpio_write, replacing
+from hpcdp.data.prep.frame import write_parts
 from hpcdp.data.prep.images.decode import MAX_PIXELS, DecodeError, decode
-from hpcdp.data.prep.images.folder import Entry, byte_ranges
+from hpcdp.data.prep.images.shards import Member
 from hpcdp.data.prep.images.stats import integer_sums
 
-#: A rank keeps its decoded share between the passes up to this many bytes.
-KEEP_BYTES = 1 << 30
+
+def source_of(entry: Any) -> str | IO[bytes]:
+    """What `decode` reads: a file's path, or a shard member's bytes."""
+    return entry.read() if isinstance(entry, Member) else entry.path
+
+
+def stats_name(split: str) -> str:
+    """The parts holding each block's bad files and sums, beside the images' parts."""
+    return f"{split}.stats"
+
+
+def decode_block(entries: Sequence[Any], size: int, fit: str, max_pixels: int = MAX_PIXELS
+                 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The good images and labels of one block, and messages naming the bad files."""
+    x = np.empty((len(entries), 3, size, size), np.uint8)  # filled in place: one copy
+    ys, bad = [], []
+    for e in entries:
+        try:
+            x[len(ys)] = decode(source_of(e), size, fit, name=e.path, max_pixels=max_pixels)
+            ys.append(e.label)
+        except DecodeError as exc:
+            bad.append(str(exc))
+    return x[: len(ys)], np.asarray(ys, np.int64), bad
+
+
+def decode_blocks(split: str, entries: Sequence[Any], blocks: Sequence[range], mine: range,
+                  size: int, fit: str, parts: Any, progress: Any,
+                  max_pixels: int = MAX_PIXELS) -> str | None:
+    """Decode this rank's blocks of `split` into parts; an error reading a file, or None."""
+    for b in mine:
+        if not parts.done(split, b):
+            try:
+                x, y, bad = decode_block([entries[i] for i in blocks[b]], size, fit,
+                                         max_pixels)
+            except OSError as exc:
+                return f"cannot read an image: {exc}"
+            sums, squares, pixels = integer_sums(x)
+            parts.save(stats_name(split), b, sums=sums, squares=squares,
+                       pixels=np.array([pixels], np.int64), labels=np.bincount(y),
+                       bad=np.array(bad, dtype=str))
+            parts.save(split, b, x=x, y=y)
+            progress.advance(len(blocks[b]))
+        else:
+            progress.advance(len(blocks[b]), resumed=True)
+    return None
 
 
 @dataclass
-class Share:
-    """One rank's part of one split after the checking pass."""
+class Summary:
+    """A split's blocks summed over every rank (the same on every rank)."""
 
-    split: str
-    entries: list[Entry]  # this rank's files, in output order
-    good: list[int] = field(default_factory=list)  # positions in `entries` that decoded
-    bad: list[str] = field(default_factory=list)  # messages naming the others
-    kept: np.ndarray | None = None  # the good ones' arrays, when they fit KEEP_BYTES
-    sums: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
-    squares: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
-    pixels: int = 0  # per channel
+    bad: list[str]
+    count: int
+    per_class: np.ndarray
+    sums: np.ndarray
+    squares: np.ndarray
+    pixels: int
 
 
-def rank_share(split: str, entries: Sequence[Entry], rank: int, size: int) -> list[Entry]:
-    lo, hi = byte_ranges([e.nbytes for e in entries], size)[rank]
-    return list(entries[lo:hi])
-
-
-def check_share(split: str, entries: list[Entry], size: int, fit: str,
-                max_pixels: int = MAX_PIXELS) -> Share:
-    """Decode every file of this rank's share (the first pass)."""
-    share = Share(split, entries)
-    keep = len(entries) * 3 * size * size <= KEEP_BYTES
-    arrays = []
-    for i, e in enumerate(entries):
-        try:
-            arr = decode(e.path, size, fit, max_pixels=max_pixels)
-        except DecodeError as exc:
-            share.bad.append(str(exc))
-            continue
-        share.good.append(i)
-        sums, squares, pixels = integer_sums(arr[None])
-        share.sums += sums
-        share.squares += squares
-        share.pixels += pixels
-        if keep:
-            arrays.append(arr)
-    if keep:
-        share.kept = (np.stack(arrays) if arrays
-                      else np.zeros((0, 3, size, size), np.uint8))
-    return share
+def summarize(split: str, parts: Any, mine: range, classes: int, comm: Any) -> Summary:
+    """Collective: the bad files (in file order), the good count, the class counts and
+    the exact sums of `split`, from the summaries of every rank's blocks."""
+    local = []
+    for b in mine:
+        s = parts.load(stats_name(split), b)
+        local.append((b, [str(m) for m in s["bad"]], np.asarray(s["labels"]),
+                      np.asarray(s["sums"]), np.asarray(s["squares"]), int(s["pixels"][0])))
+    blocks = sorted((got for share in comm.allgather(local) for got in share),
+                    key=lambda item: item[0])
+    out = Summary([], 0, np.zeros(classes, np.int64), np.zeros(3, np.int64),
+                  np.zeros(3, np.int64), 0)
+    for _, bad, labels, sums, squares, pixels in blocks:
+        out.bad += bad
+        out.count += int(labels.sum())
+        out.per_class[: len(labels)] += labels
+        out.sums += sums
+        out.squares += squares
+        out.pixels += pixels
+    return out
 
 
 @dataclass(frozen=True)
@@ -108,47 +140,22 @@ def file_attrs(split: str, num_samples: int, size: int, classes: list[str],
     }
 
 
-def _slabs(share: Share, size: int, fit: str, rows: int,
-           max_pixels: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """This rank's good images and labels, `rows` at a time (decoded again if not kept)."""
-    good = share.good
-    for a in range(0, len(good), rows):
-        idx = good[a : a + rows]
-        if share.kept is not None:
-            x = share.kept[a : a + len(idx)]
-        else:
-            x = np.stack([decode(share.entries[i].path, size, fit, max_pixels=max_pixels)
-                          for i in idx])
-        y = np.asarray([share.entries[i].label for i in idx], np.int64)
-        yield x, y
-
-
-def write_split(out_dir: str, share: Share, meta: SplitFile, fit: str, comm: Any,
-                max_pixels: int = MAX_PIXELS) -> str:
-    """Collective: ``out_dir/NAME.h5`` from every rank's share, via a temporary name."""
-    final = os.path.join(out_dir, f"{meta.name}.h5")
+def write_split(path: str, parts: Any, mine: range, meta: SplitFile, comm: Any) -> str:
+    """Collective: `path` from the parts of every rank's blocks, via a temporary name."""
     n, s = meta.num_samples, meta.size
     sample_bytes = 3 * s * s
     chunk = samples.chunk_rows(sample_bytes, n)
-    slab = samples.slab_rows(chunk, sample_bytes)
-    first = exscan(comm, len(share.good))
-    rounds = allreduce(comm, -(-len(share.good) // slab), op="max")
-    with replacing(final, comm) as tmp, create_h5(tmp, comm) as f:
-        x = f.create_dataset("x", shape=(n, 3, s, s), dtype=np.uint8,
+
+    def datasets(f: Any, total: int) -> dict[str, Any]:
+        x = f.create_dataset("x", shape=(total, 3, s, s), dtype=np.uint8,
                              chunks=(chunk, 3, s, s), fill_time="never")
-        y = f.create_dataset("y", shape=(n,), dtype=np.int64,
-                             chunks=(samples.label_chunk_rows(chunk, n),), fill_time="never")
+        y = f.create_dataset("y", shape=(total,), dtype=np.int64,
+                             chunks=(samples.label_chunk_rows(chunk, total),),
+                             fill_time="never")
         for key, value in meta.attrs.items():
             f.attrs[key] = value
-        at = first
-        slabs = _slabs(share, s, fit, slab, max_pixels)
-        for _ in range(rounds):
-            xs, ys = next(slabs, (np.zeros((0, 3, s, s), np.uint8), np.zeros(0, np.int64)))
-            if comm.size == 1:
-                x[at : at + len(xs)] = xs
-                y[at : at + len(ys)] = ys
-            else:
-                mpio_write(x, at, xs, False)
-                mpio_write(y, at, ys, False)
-            at += len(xs)
-    return final
+        return {"x": x, "y": y}
+
+    write_parts(path, parts, meta.name, mine, datasets, comm,
+                samples.slab_rows(chunk, sample_bytes))
+    return path

@@ -4,25 +4,28 @@ Text files: one document per file, or with ``--lines`` one per non-empty line
 (the line end not included). JSON Lines (``.jsonl``, ``.jsonl.gz``,
 ``.json.gz``) and Parquet (``.parquet``): one document per record, the string
 field ``--field`` (`hpcdp.data.prep.text.documents` reads each kind). Runs on one
-process or under ``mpirun`` / ``srun --mpi=pmix``:
+process or under ``mpirun`` / ``srun --mpi=pmix``, in bounded blocks:
 
-1. Every rank lists the same sorted files. Each takes a contiguous share by
-   bytes: the lines (records) of plain JSON Lines files, and with ``--lines``
-   of text files, that start in its byte range of the files laid end to end;
-   every other file whole, read by the rank whose range holds its first byte.
-2. Each rank reads its documents (every record checked); the ranks agree on
-   the first error, then number their documents with an exclusive prefix sum; document g
-   goes to validation when ``floor((g+1)f) > floor(g f)`` for ``--val-fraction f``:
-   evenly spread, and the same on any number of ranks.
-3. ``--tokenizer bpe``: rank 0 trains a byte-level BPE on the training documents
-   and shares it; ``--tokenizer PATH``: an existing tokenizer.json; default bytes.
-4. Each rank tokenizes its documents; all write train.h5 and val.h5
-   (`hpcdp.data.prep.text.writer`), and tokenizer.json beside them for BPE.
+1. Every rank lists the same sorted files and cuts them into the same blocks
+   (`hpcdp.data.prep.text.corpus`: byte ranges of ``--block-mib`` of line-shared
+   files, every other file whole); each rank takes a contiguous, even share of them.
+2. ``--tokenizer bpe``: a sample of at most about ``--bpe-sample-bytes`` of the
+   training documents, the same on any number of ranks, is gathered on rank 0,
+   which trains a byte-level BPE and shares it (`hpcdp.data.prep.text.passes`);
+   ``--tokenizer PATH``: an existing tokenizer.json; default bytes.
+3. Each rank reads, checks and tokenizes one block at a time and saves its tokens
+   as a part in ``OUT/.hpcdp-prep/``; the ranks agree on the first error.
+4. The blocks' document counts number the documents: document g goes to validation
+   when ``floor((g+1)f) > floor(g f)`` for ``--val-fraction f``, evenly spread and the
+   same on any number of ranks. Every rank writes its blocks' documents of each split
+   into train.h5 and val.h5 (`hpcdp.data.prep.text.writer`), and tokenizer.json beside
+   them for BPE; then the work folder is removed.
 
-Each rank holds its share's documents and tokens in memory until the write:
-use more ranks for a corpus larger than the ranks' memory. Invalid UTF-8 is an
-error naming the file and byte offset (a bad record: file and line, or row
-group and row); every error is agreed on by all
+A rank holds about one block at a time (its text, documents and tokens); the parts
+on disk hold the corpus's tokens until the end. A run stopped at any point (a time
+limit, SIGKILL) continues from its saved blocks with the same command plus
+``--resume``. Invalid UTF-8 is an error naming the file and byte offset (a bad
+record: file and line, or row group and row); every error is agreed on by all
 ranks before any file is written, and no existing output is replaced unless
 ``--overwrite``.
 """
@@ -30,63 +33,31 @@ ranks before any file is written, and no existing output is replaced unless
 from __future__ import annotations
 
 import argparse
-import glob
-import itertools
-import mmap
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from hpcdp import files
 from hpcdp.data.format import tokens as tk
-from hpcdp.data.prep import bounded
+from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.text import documents as dc
+from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text import writer as tw
+from hpcdp.data.prep.text.corpus import Corpus, expand_files
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/text.py"
-Doc = TypeVar("Doc")
-
-
-@dataclass(frozen=True)
-class Span:
-    """Bytes ``[start, stop)`` of file `file`: one text document or JSON Lines record, or a
-    whole gzipped or Parquet file (its records)."""
-
-    file: int
-    start: int
-    stop: int
-
-
-# -- pure layout ----------------------------------------------------------------------
-
-
-def expand_files(patterns: Sequence[str]) -> list[str]:
-    """Sorted, distinct regular files matched by `patterns`; a pattern matching none is an
-    error that names it."""
-    found: set[str] = set()
-    for pattern in patterns:
-        hits = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
-        if not hits:
-            raise tw.TokenPrepError(f"--files {pattern}: matches no file")
-        found.update(os.path.abspath(p) for p in hits)
-    return sorted(found)
-
-
-def byte_range(total: int, rank: int, size: int) -> tuple[int, int]:
-    """Rank `rank`'s share ``[lo, hi)`` of `total` bytes."""
-    return rank * total // size, (rank + 1) * total // size
-
-
-def file_owner(starts: Sequence[int], total: int, size: int) -> list[int]:
-    """The rank of each file: the one whose byte range holds the file's first byte."""
-    return [min(size - 1, s * size // total) if total else 0 for s in starts]
+RECIPE = "text"
+MIB = 1 << 20
+#: Text a BPE is trained on at most, by default: rank 0 holds it and the library's counts
+#: of it, so it bounds that rank's memory whatever the corpus's size.
+DEFAULT_BPE_SAMPLE_BYTES = 256 * MIB
 
 
 def is_val(index: int, fraction: float) -> bool:
@@ -94,165 +65,42 @@ def is_val(index: int, fraction: float) -> bool:
     return int((index + 1) * fraction) > int(index * fraction)
 
 
-def line_spans(data: Any, file: int, lo: int, hi: int) -> list[Span]:
-    """Non-empty lines of `data` that start in ``[lo, hi)``, without ``\\n`` or ``\\r\\n``."""
-    if lo == 0:
-        pos = 0
-    else:
-        nl = data.find(b"\n", lo - 1)
-        pos = len(data) if nl < 0 else nl + 1
-    spans = []
-    while pos < hi:
-        end = data.find(b"\n", pos)
-        end = len(data) if end < 0 else end
-        stop = end - 1 if end > pos and data[end - 1 : end] == b"\r" else end
-        if stop > pos:
-            spans.append(Span(file, pos, stop))
-        pos = end + 1
-    return spans
-
-
-# -- reading --------------------------------------------------------------------------
-
-
-class Corpus:
-    """The listed files and this rank's documents in them."""
-
-    def __init__(self, paths: list[str], lines: bool, field: str = "text",
-                 limits: dc.Limits = dc.DEFAULT_LIMITS) -> None:
-        self.paths, self.lines, self.field, self.limits = paths, lines, field, limits
-        self.kinds = [dc.kind_of(p) for p in paths]
-        self.sizes = [os.path.getsize(p) for p in paths]
-        self.starts = [int(s) for s in np.cumsum([0, *self.sizes])[:-1]]
-        self.total = sum(self.sizes)
-
-    def spans(self, rank: int, size: int) -> list[Span]:
-        """Rank `rank`'s spans, in corpus order (ranks in order give every document)."""
-        owners = file_owner(self.starts, self.total, size)
-        lo, hi = byte_range(self.total, rank, size)
-        spans: list[Span] = []
-        for i, (start, n) in enumerate(zip(self.starts, self.sizes)):
-            if not dc.split_by_lines(self.kinds[i], self.lines):
-                if owners[i] == rank and n:
-                    spans.append(Span(i, 0, n))
-                continue
-            a, b = max(lo, start) - start, min(hi, start + n) - start
-            if a < b:
-                with self._map(i) as data:
-                    spans += line_spans(data, i, a, b)
-        return spans
-
-    def _map(self, file: int) -> Any:
-        with open(self.paths[file], "rb") as fh:
-            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-
-    def texts(self, spans: Sequence[Span]) -> Iterator[str]:
-        """The documents of `spans` in order: a text span decoded as UTF-8 (bad bytes are an
-        error naming the file and offset); the non-empty records of a record file."""
-        for file, group in itertools.groupby(spans, key=lambda span: span.file):
-            kind, path = self.kinds[file], self.paths[file]
-            if kind == dc.JSONL_GZ:
-                yield from dc.gzip_texts(path, self.field, self.limits)
-            elif kind == dc.PARQUET:
-                yield from dc.parquet_texts(path, self.field, self.limits)
-            elif kind == dc.JSONL:
-                with self._map(file) as data:
-                    yield from self._records(path, data, group)
-            else:
-                limit = self.limits if self.lines else None
-                with self._map(file) as data:
-                    yield from _decoded(path, data, group, limit)
-
-    def _records(self, path: str, data: Any, spans: Iterator[Span]) -> Iterator[str]:
-        """The non-empty documents of JSON Lines `spans` (lines, in order) of one file."""
-        line, counted = 1, 0
-        for span in spans:
-            line += data[counted : span.start].count(b"\n")
-            counted = span.start
-            where = f"{bounded.shown(path)}: line {line}"
-            self.limits.check_record(span.stop - span.start, where)
-            text = dc.record_text(data[span.start : span.stop], self.field, where)
-            if text:
-                yield text
-
-
-def _decoded(path: str, data: Any, spans: Iterator[Span], limits: dc.Limits | None
-             ) -> Iterator[str]:
-    """Text spans as UTF-8; with `limits` (``--lines``), each line within the record limit."""
-    for span in spans:
-        if limits is not None:
-            limits.check_record(span.stop - span.start,
-                                f"{bounded.shown(path)}: byte offset {span.start}")
-        raw = data[span.start : span.stop]
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise tw.TokenPrepError(f"{path}: invalid UTF-8 at byte offset "
-                                    f"{span.start + exc.start}: {exc.reason}") from None
-
-
 # -- the steps ------------------------------------------------------------------------
 
 
-def split_docs(docs: list[Doc], first: int, fraction: float) -> tuple[list[Doc], list[Doc]]:
-    """(train, val) documents given the global index `first` of this rank's first document."""
-    train: list[Doc] = []
-    val: list[Doc] = []
-    for i, doc in enumerate(docs):
-        (val if is_val(first + i, fraction) else train).append(doc)
-    return train, val
-
-
-def make_tokenizer(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tz.Tokenizer:
-    """Collective: the tokenizer the options ask for, the same on every rank."""
+def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk.Block],
+                   mine: range, parts: Parts, comm: Any) -> tz.Tokenizer:
+    """Collective: the tokenizer the options ask for, the same on every rank (a trained
+    BPE is kept in the work folder, so a resumed run does not train it again)."""
     if args.tokenizer == "bytes":
         return tz.byte_level()
-    if args.tokenizer != "bpe":
-        return tz.load_json(args.tokenizer, args.eod_token)
-    text, error = None, None
-    if comm.rank == 0:  # the library trains on one node, on all its threads
+    try:
+        if args.tokenizer != "bpe":
+            return tz.load_json(args.tokenizer, args.eod_token)
+        saved = parts.load_state("tokenizer")
+        if saved is not None:
+            return tz.from_json(saved["json"], "tokenizer.json", args.eod_token)
+    except tz.TokenizerError as exc:  # the same on every rank: each reads the same file
+        raise tw.TokenPrepError(str(exc)) from None
+    progress = prep_run.Progress(comm, "BPE sample", corpus.total, "B", PROG)
+    sample, error = passes.sample_for_bpe(corpus, blocks, mine, args.val_fraction,
+                                          args.bpe_sample_bytes, comm, progress)
+    text = None
+    if error is None and comm.rank == 0:  # the library trains on one node, on all its threads
         try:
-            every = corpus.texts(corpus.spans(0, 1))
-            train = (t for i, t in enumerate(every) if not is_val(i, args.val_fraction))
-            text = tz.train_bpe(train, args.vocab_size, args.eod_token).json
-        except (tz.TokenizerError, tw.TokenPrepError) as exc:
+            text = tz.train_bpe(sample, args.vocab_size, args.eod_token).json
+        except tz.TokenizerError as exc:
             error = str(exc)
+    del sample
     text, error = comm.bcast((text, error), root=0)
     if error:
         raise tw.TokenPrepError(error)
+    parts.save_state("tokenizer", {"json": text})
     return tz.from_json(text, "tokenizer.json", args.eod_token)
 
 
-def tokenize_share(args: argparse.Namespace, corpus: Corpus, comm: Any
-                   ) -> tuple[tz.Tokenizer, dict[str, list[np.ndarray]]]:
-    """Collective: the tokenizer and this rank's tokenized documents per split."""
-    texts: list[str] = []
-    error = None
-    try:
-        texts = list(corpus.texts(corpus.spans(comm.rank, comm.size)))
-    except OSError as exc:  # e.g. a file removed since it was listed
-        error = f"cannot read the corpus: {exc}"
-    except tw.TokenPrepError as exc:
-        error = str(exc)
-    prep_run.raise_agreed(comm, error, tw.TokenPrepError)
-    train, val = split_docs(texts, prep_run.exscan(comm, len(texts)), args.val_fraction)
-    check_counts(comm, {"train": train, "val": val}, args.val_fraction)
-    tok = None
-    try:
-        tok = make_tokenizer(args, corpus, comm)
-    except (tz.TokenizerError, tw.TokenPrepError) as exc:
-        error = str(exc)
-    prep_run.raise_agreed(comm, error, tw.TokenPrepError)
-    assert tok is not None
-    docs: dict[str, list[np.ndarray]] = {}
-    for name, part in (("train", train), ("val", val)):
-        docs[name] = tok.encode(part)
-    return tok, docs
-
-
-def check_counts(comm: Any, docs: dict[str, list[str]], fraction: float) -> None:
-    """Collective: an empty corpus or an empty split is an error on every rank."""
-    counts = {name: sum(comm.allgather(len(d))) for name, d in docs.items()}
+def check_counts(counts: dict[str, int], fraction: float) -> None:
+    """An empty corpus or an empty split is an error (the same counts on every rank)."""
     if counts["train"] + counts["val"] == 0:
         raise tw.TokenPrepError("--files: no documents (every file or line is empty)")
     if counts["train"] == 0:
@@ -262,6 +110,20 @@ def check_counts(comm: Any, docs: dict[str, list[str]], fraction: float) -> None
         raise tw.TokenPrepError(
             f"--val-fraction {fraction} of {counts['train']} documents is none: raise it or "
             "add documents (or pass --val-fraction 0 for no val.h5)")
+
+
+def split_totals(total_docs: int, fraction: float) -> dict[str, int]:
+    """Documents per split: the validation rule takes exactly ``floor(D f)`` of D."""
+    val = int(total_docs * fraction) if total_docs else 0
+    return {"train": total_docs - val, "val": val}
+
+
+def selector(split: str, fraction: float) -> Any:
+    """``select(first, lengths)``: the mask of a block's documents that `split` keeps."""
+    def select(first: int, lengths: np.ndarray) -> np.ndarray:
+        val = passes.val_mask(first, len(lengths), fraction)
+        return val if split == "val" else ~val
+    return select
 
 
 def meta_for(tok: tz.Tokenizer, split: str, args: argparse.Namespace) -> tk.TokenMeta:
@@ -310,7 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-expansion", type=int, default=dc.Limits.expansion,
                    help="gzip and Parquet files: at most this many times their size (at least "
                         "64 KiB) in documents (default: 100)")
+    p.add_argument("--bpe-sample-bytes", type=int, default=DEFAULT_BPE_SAMPLE_BYTES,
+                   metavar="N", help="a BPE is trained on at most about N bytes of the "
+                   "training documents, every k-th of each block (default: 256 MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    prep_run.add_common_options(p)
     return p
 
 
@@ -336,6 +202,10 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
     if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
         raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
                                 "or 'bpe')")
+    _block_bytes(args)
+    if args.bpe_sample_bytes < 1:
+        raise tw.TokenPrepError(f"--bpe-sample-bytes {args.bpe_sample_bytes}: expected a "
+                                "positive number of bytes")
     for option, value in (("--max-record-bytes", args.max_record_bytes),
                           ("--max-expansion", args.max_expansion)):
         if value < 1:
@@ -346,17 +216,58 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
         if kind == dc.PARQUET:
             dc.require_pyarrow(path)
             break
-    prep_run.check_outputs(args.out, _outputs(args), args.overwrite)
+    prep_run.check_outputs(args.out, _outputs(args), args.overwrite, resume=args.resume)
     return corpus
 
 
+def fingerprint(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
+    """Everything that changes the parts: the files as listed, the options, the block size."""
+    listed = [[p, n, int(os.path.getmtime(p))] for p, n in zip(corpus.paths, corpus.sizes)]
+    tokenizer = (args.tokenizer if args.tokenizer in ("bytes", "bpe")
+                 else tk.file_sha256(args.tokenizer))
+    return {"files": listed, "lines": args.lines, "field": args.field,
+            "val_fraction": args.val_fraction, "tokenizer": tokenizer,
+            "vocab_size": args.vocab_size, "eod_token": args.eod_token,
+            "bpe_sample_bytes": args.bpe_sample_bytes,
+            "block_bytes": corpus_block_bytes(args, corpus)}
+
+
+def _block_bytes(args: argparse.Namespace) -> int:
+    return prep_run.block_bytes(args.block_mib)
+
+
+def corpus_block_bytes(args: argparse.Namespace, corpus: Corpus) -> int:
+    """``--block-mib``, but small enough for `blocks.MIN_BLOCKS` blocks of the corpus, so
+    that a small corpus is still shared by the ranks (the corpus's size alone decides)."""
+    return min(_block_bytes(args), max(1, -(-corpus.total // bk.MIN_BLOCKS)))
+
+
 def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[str], str | None]:
-    """Collective: tokenize this rank's share and write the splits (and tokenizer.json);
-    the paths written."""
-    tok, docs = tokenize_share(args, corpus, comm)
-    written = [tw.write_split(args.out, split, docs[split], meta_for(tok, split, args), comm)
+    """Collective: tokenize this rank's blocks into parts, write the splits (and
+    tokenizer.json), remove the parts; the paths written."""
+    blocks = corpus.blocks(corpus_block_bytes(args, corpus))
+    mine = bk.rank_blocks(len(blocks), comm.rank, comm.size)
+    parts = Parts(args.out, RECIPE, fingerprint(args, corpus), comm, args.resume)
+    prep_run.resume_note(comm, PROG, parts, passes.DOCS, mine)
+    try:
+        tok = make_tokenizer(args, corpus, blocks, mine, parts, comm)
+        progress = prep_run.Progress(comm, "tokenized", corpus.total, "B", PROG)
+        error = passes.tokenize_blocks(corpus, blocks, mine, tok, parts, progress)
+        progress.close()
+        prep_run.raise_agreed(comm, error, tw.TokenPrepError)
+        docs = passes.block_docs(parts, mine, len(blocks), comm)
+        check_counts(split_totals(int(docs.sum()), args.val_fraction), args.val_fraction)
+    except tw.TokenPrepError:  # bad input: nothing written, nothing kept to resume from
+        parts.remove()
+        raise
+    firsts = np.cumsum(docs) - docs
+    written = [tw.write_split_parts(args.out, split, parts, mine, firsts,
+                                    selector(split, args.val_fraction),
+                                    meta_for(tok, split, args), comm)
                for split in (("train", "val") if args.val_fraction > 0 else ("train",))]
-    return written, save_tokenizer(args.out, tok, comm) if _copies_tokenizer(args) else None
+    saved = save_tokenizer(args.out, tok, comm) if _copies_tokenizer(args) else None
+    parts.remove()
+    return written, saved
 
 
 def _summary(result: tuple[list[str], str | None], seconds: float, ranks: int) -> None:

@@ -14,6 +14,7 @@ they were made with.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,41 @@ class Tokenizer:
             out += [np.append(np.asarray(e.ids, np.int64), self.eod_id).astype(dtype)
                     for e in encs]
         return out
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's ids, each followed by the end id, as one array of the file's
+        dtype; and each document's token count. Converted batch by batch, so a block's
+        tokens are never held as Python lists."""
+        dtype = tk.token_dtype(self.vocab_size)
+        lengths = np.zeros(len(texts), np.int64)
+        if self._hf is None:
+            raw = [t.encode() for t in texts]
+            lengths[:] = [len(r) + 1 for r in raw]
+            flat = np.frombuffer(b"".join(raw), np.uint8).astype(dtype)
+            ends = np.cumsum(lengths - 1)  # where each document's bytes end in `flat`
+            return np.insert(flat, ends, self.eod_id), lengths
+        pieces: list[np.ndarray] = []
+        for a in range(0, len(texts), ENCODE_BATCH):
+            encs = self._hf.encode_batch(list(texts[a : a + ENCODE_BATCH]),
+                                         add_special_tokens=False)
+            for i, e in enumerate(encs):
+                lengths[a + i] = len(e.ids) + 1
+            pieces.append(np.fromiter((t for e in encs for t in (*e.ids, self.eod_id)),
+                                      dtype, int(lengths[a : a + len(encs)].sum())))
+        return (np.concatenate(pieces) if pieces else np.zeros(0, dtype)), lengths
+
+    def encode_stream(self, texts: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_flat` of `texts` taken `ENCODE_BATCH` at a time, so that a block's
+        documents are never all held as Python strings: about twice its tokens at most."""
+        pieces, lengths = [], []
+        stream = iter(texts)
+        while batch := list(itertools.islice(stream, ENCODE_BATCH)):
+            tokens, counts = self.encode_flat(batch)
+            pieces.append(tokens)
+            lengths.append(counts)
+        if not pieces:
+            return np.zeros(0, tk.token_dtype(self.vocab_size)), np.zeros(0, np.int64)
+        return np.concatenate(pieces), np.concatenate(lengths)
 
 
 def byte_level() -> Tokenizer:

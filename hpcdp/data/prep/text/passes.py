@@ -1,0 +1,126 @@
+"""The passes of the text recipe over a corpus's blocks, each rank over its own blocks.
+
+- `sample_for_bpe`: the documents a BPE is trained on, at most about ``--bpe-sample-bytes``
+  of text, every k-th document of each block and training documents only, the same on
+  any number of ranks (the rule below); gathered on rank 0, which trains.
+- `tokenize_blocks`: each block's documents read and tokenized a batch at a time into the
+  file's dtype and saved as a part (tokens, per-document lengths); a part already there
+  (``--resume``) is kept.
+- `block_docs`: every block's document count, from the parts, on every rank: block b's
+  first document is the sum over the blocks before it, which decides the split.
+
+A rank holds one block's tokens at a time (its documents a batch at a time); the
+parts on disk hold the whole corpus's tokens (2 bytes a token for vocabularies up to
+65,536) until the files are written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hpcdp.data.prep import blocks as bk
+from hpcdp.data.prep.text import tokenizer as tz
+from hpcdp.data.prep.text.corpus import Corpus
+from hpcdp.data.prep.text.writer import TokenPrepError
+
+#: The split name of the tokenized blocks in the work folder (both splits together).
+DOCS = "docs"
+
+
+def val_mask(first: int, n: int, fraction: float) -> np.ndarray:
+    """Which of documents ``first .. first + n`` go to validation: document g when
+    ``floor((g + 1) f) > floor(g f)``, evenly spread, the same on any number of ranks."""
+    g = np.arange(first, first + n, dtype=np.int64)
+    return ((g + 1) * fraction).astype(np.int64) > (g * fraction).astype(np.int64)
+
+
+def read_block(corpus: Corpus, block: bk.Block) -> tuple[list[str] | None, str | None]:
+    """The documents of `block`, or the error naming the file (and line or offset)."""
+    try:
+        return list(corpus.texts(block)), None
+    except OSError as exc:  # e.g. a file removed since it was listed
+        return None, f"cannot read the corpus: {exc}"
+    except TokenPrepError as exc:
+        return None, str(exc)
+
+
+def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
+                    tok: tz.Tokenizer, parts: Any, progress: Any) -> str | None:
+    """Tokenize this rank's blocks into parts; the first error, or None."""
+    for b in mine:
+        if not parts.done(DOCS, b):
+            try:
+                tokens, lengths = tok.encode_stream(corpus.texts(blocks[b]))
+            except OSError as exc:  # e.g. a file removed since it was listed
+                return f"cannot read the corpus: {exc}"
+            except TokenPrepError as exc:
+                return str(exc)
+            parts.save(DOCS, b, tokens=tokens, lengths=lengths)
+            del tokens, lengths
+            progress.advance(blocks[b].nbytes)
+        else:
+            progress.advance(blocks[b].nbytes, resumed=True)
+    return None
+
+
+def block_docs(parts: Any, mine: range, n_blocks: int, comm: Any) -> np.ndarray:
+    """Collective: the documents of every block, from the parts."""
+    counts = np.zeros(n_blocks, np.int64)
+    for got in comm.allgather([(b, parts.length(DOCS, b, "lengths")) for b in mine]):
+        for b, n in got:
+            counts[b] = n
+    return counts
+
+
+def sample_stride(total_bytes: int, sample_bytes: int) -> int:
+    """k: every k-th document of a block is a candidate for the BPE sample."""
+    return max(1, -(-total_bytes // max(1, sample_bytes)))
+
+
+def sample_for_bpe(corpus: Corpus, blocks: Sequence[bk.Block], mine: range, fraction: float,
+                   sample_bytes: int, comm: Any, progress: Any = None
+                   ) -> tuple[list[str], str | None]:
+    """Collective: on rank 0 the BPE's training sample in corpus order (elsewhere []), and
+    the first error of any rank.
+
+    Candidates: documents ``j % k == 0`` of each block (`sample_stride` of the corpus's
+    bytes), then the validation ones left out once the blocks' document counts give
+    each its global number; if the candidates' text is still over `sample_bytes`, every
+    m-th is kept. Every step depends on the blocks only, never on the number of ranks.
+    `progress` (closed here, collective) hears the bytes read.
+    """
+    k = sample_stride(corpus.total, sample_bytes)
+    picked: list[tuple[int, int, str]] = []  # (block, index in block, text)
+    counts: list[tuple[int, int]] = []
+    error = None
+    for b in mine:
+        texts, error = read_block(corpus, blocks[b])
+        if error:
+            break
+        assert texts is not None
+        counts.append((b, len(texts)))
+        picked += [(b, j, texts[j]) for j in range(0, len(texts), k)]
+        del texts
+        if progress is not None:
+            progress.advance(blocks[b].nbytes)
+    if progress is not None:
+        progress.close()
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        return [], errors[0]
+    docs = np.zeros(len(blocks), np.int64)
+    for got in comm.allgather(counts):
+        for b, n in got:
+            docs[b] = n
+    firsts = np.cumsum(docs) - docs
+    train = [t for b, j, t in picked if not val_mask(int(firsts[b]) + j, 1, fraction)[0]]
+    del picked
+    sizes = [len(t.encode()) for t in train]
+    before = sum(comm.allgather(len(train))[: comm.rank])
+    m = max(1, -(-sum(comm.allgather(sum(sizes))) // max(1, sample_bytes)))
+    keep = [t for i, t in enumerate(train) if (before + i) % m == 0]
+    gathered = comm.gather(keep, root=0)
+    return ([t for share in gathered for t in share] if comm.rank == 0 else []), None

@@ -1,0 +1,110 @@
+"""Text and image preparation on 2 ranks killed half way (SIGKILL to the launcher and its
+ranks, as a time limit does) and run again with --resume: the files of an uninterrupted run."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcdp.data.prep.images import recipe as images
+from hpcdp.data.prep.text import corpus_synth
+from hpcdp.data.prep.text import recipe as text
+from hpcdp.runtime.launcher import launch_command, rank_environment
+
+pytestmark = pytest.mark.parallel
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = [sys.executable, str(REPO / "datasets" / "text.py")]
+IMAGES = [sys.executable, str(REPO / "datasets" / "images.py")]
+WORK = ".hpcdp-prep"
+
+
+def saved_parts(work: Path) -> int:
+    """Blocks saved so far: folders holding .npy files."""
+    return sum(1 for _, _, files in os.walk(work) if any(f.endswith(".npy") for f in files))
+
+
+def kill_half_way(argv: list[str], out: Path, parts: int, timeout: float = 90) -> int:
+    """Start `argv` on 2 ranks; SIGKILL every process of the run once `parts` blocks are
+    saved; the blocks saved then."""
+    proc = subprocess.Popen(launch_command(argv, np=2), env=rank_environment(np=2),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"the run ended (exit {proc.returncode}) before it was killed")
+            if (out / WORK).is_dir() and (saved := saved_parts(out / WORK)) >= parts:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return saved
+            time.sleep(0.005)
+        pytest.fail("no blocks saved in time")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def same_files(a: Path, b: Path) -> None:
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        assert set(fa) == set(fb)
+        for name in fa:
+            np.testing.assert_array_equal(fa[name][...], fb[name][...])
+        assert set(fa.attrs) == set(fb.attrs)
+        for key in fa.attrs:
+            np.testing.assert_array_equal(fa.attrs[key], fb.attrs[key])
+
+
+def resume_and_compare(ranks, main, argv: list[str], out: Path, whole: Path, saved: int,
+                       capsys) -> None:
+    """Without --resume the partial run is refused; with it, the files of the whole run,
+    from at least the blocks saved before the kill."""
+    assert not (out / "train.h5").exists() and (out / WORK).is_dir()
+    assert main(argv[2:]) != 0
+    assert "--resume" in capsys.readouterr().err
+    run = ranks(argv + ["--resume"], np=2, timeout=120)
+    reused = re.findall(r": resuming: (\d+) of \d+ blocks already done", run.output)
+    assert sum(map(int, reused)) >= saved // 2 > 0, run.describe()  # images: 2 parts a block
+    for split in ("train.h5", "val.h5"):
+        same_files(whole / split, out / split)
+    assert not (out / WORK).exists()
+
+
+def test_text_killed_half_way_resumes_to_the_same_files(ranks, tmp_path: Path, capsys):
+    corpus_synth.make_corpus(str(tmp_path / "c"), 3 << 19, files=3)
+    args = ["--files", str(tmp_path / "c" / "*.jsonl"), "--val-fraction", "0.1",
+            "--block-mib", "0.01"]
+    assert text.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "out"
+    argv = [*TEXT, *args, "--out", str(out)]
+    saved = kill_half_way(argv, out, 20)
+    assert 20 <= saved < 150  # blocks of 10 KiB: about 150 of them
+    resume_and_compare(ranks, text.main, argv, out, tmp_path / "whole", saved, capsys)
+
+
+def test_images_killed_half_way_resume_to_the_same_files(ranks, tmp_path: Path, capsys):
+    spec = importlib.util.spec_from_file_location("make_image_folder",
+                                                  REPO / "scripts" / "make_image_folder.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.make_folder(str(tmp_path / "in"), 50, classes=3, extras=False)
+    args = ["--root", str(tmp_path / "in"), "--size", "16", "--val-fraction", "0.2",
+            "--block-mib", "0.002"]  # 2 images a block: 75 blocks
+    assert images.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "out"
+    argv = [*IMAGES, *args, "--out", str(out)]
+    saved = kill_half_way(argv, out, 10)
+    assert 10 <= saved < 150
+    resume_and_compare(ranks, images.main, argv, out, tmp_path / "whole", saved, capsys)
