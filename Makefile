@@ -11,15 +11,21 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-unit test-parallel test-slurm test-stock lint demo demo-lm demo-recsys bench doctor gpu-check gpu-bench mutate clean
+.PHONY: setup test test-extended test-unit test-parallel test-slurm test-stock lint demo demo-lm demo-recsys bench doctor gpu-check gpu-bench mutate clean
 
 setup:
 	bash scripts/setup-system.sh
 	VENV=$(VENV) bash scripts/setup-python.sh
 
-## The whole suite: lint, unit tests, multi-rank tests, the local Slurm cluster.
+## The whole suite: lint, unit tests, multi-rank tests, the local Slurm cluster; all but the
+## `extended` tier (tests marked so in pyproject.toml), which `make test-extended` runs.
 test: setup lint
-	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra -m "not extended" $(PYTEST_ARGS)
+
+## CI's second tier (.ci/run calls it after make test): costly runs that add little to
+## make test's coverage, such as the compiled digits CNN and the 3-rank mpirun collectives.
+test-extended: setup
+	$(PY) -m pytest tests -ra -m extended $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -ra $(PYTEST_ARGS)

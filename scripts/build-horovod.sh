@@ -29,14 +29,15 @@ PATCHES=${PATCHES:-hpcdp}
 log() { echo "build-horovod: $*"; }
 die() { echo "build-horovod: error: $*" >&2; exit 1; }
 
-# The GPU operations: NCCL when torch is a CUDA build and nvcc can be found.
-torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+# The GPU operations: NCCL when torch is a CUDA build and nvcc can be found (torch is
+# imported, seconds, only when that is to be found out).
+torch_cuda_version() { "$PY" -c 'import torch; print(torch.version.cuda or "")'; }
 nvcc=""
 if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then nvcc=$CUDA_HOME/bin/nvcc
 elif command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc)
 elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
 if [ "$GPU_OPS" = auto ]; then
-  if [ -n "$torch_cuda" ] && [ -n "$nvcc" ]; then GPU_OPS=NCCL; else GPU_OPS=none; fi
+  if [ -n "$nvcc" ] && [ -n "$(torch_cuda_version)" ]; then GPU_OPS=NCCL; else GPU_OPS=none; fi
 fi
 if [ "${1:-}" = --gpu-ops ]; then echo "$GPU_OPS"; exit 0; fi
 
@@ -137,6 +138,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ "$GPU_OPS" = NCCL ]; then
   [ -n "$nvcc" ] || die "GPU_OPS=NCCL but no nvcc (set CUDA_HOME or put nvcc on PATH)"
+  torch_cuda=$(torch_cuda_version)
   [ -n "$torch_cuda" ] || die "GPU_OPS=NCCL but torch is not a CUDA build"
   # The CUDA root as nvcc itself reports it (the nvcc on PATH may be a wrapper).
   : > "$tmp/probe.cu"

@@ -18,14 +18,8 @@ WORKERS = Path(__file__).resolve().parent / "parallel" / "workers"
 RanksFn = Callable[..., RankRun]
 
 
-@pytest.fixture
-def ranks(tmp_path: Path) -> RanksFn:
-    """Run a worker script (tests/parallel/workers/NAME.py) or a module on several ranks.
-
-    `ranks("hvd_ops", np=2)` runs the worker under mpirun and fails the test,
-    with every rank's output, unless all ranks exit 0 within the bound.
-    Pass `expect_ok=False` to inspect a failing run yourself.
-    """
+def ranks_in(cwd: Path) -> RanksFn:
+    """The `ranks` runner with its ranks started in `cwd` (see the `ranks` fixture)."""
 
     def _run(
         worker: str | Sequence[str],
@@ -40,12 +34,30 @@ def ranks(tmp_path: Path) -> RanksFn:
             argv = [sys.executable, str(WORKERS / f"{worker}.py"), *args]
         else:
             argv = [*worker, *args]
-        run = run_ranks(argv, np=np, launcher=launcher, timeout=timeout, env=env, cwd=tmp_path)
+        run = run_ranks(argv, np=np, launcher=launcher, timeout=timeout, env=env, cwd=cwd)
         if expect_ok:
             assert run.ok, run.describe()
         return run
 
     return _run
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> RanksFn:
+    """Run a worker script (tests/parallel/workers/NAME.py) or a module on several ranks.
+
+    `ranks("hvd_ops", np=2)` runs the worker under mpirun and fails the test,
+    with every rank's output, unless all ranks exit 0 within the bound.
+    Pass `expect_ok=False` to inspect a failing run yourself.
+    """
+    return ranks_in(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_ranks(tmp_path_factory: pytest.TempPathFactory) -> RanksFn:
+    """`ranks` for a module-scoped fixture: one expensive run (a training, a compile)
+    shared by the tests that check its outputs instead of repeated by each."""
+    return ranks_in(tmp_path_factory.mktemp("ranks"))
 
 
 @pytest.fixture(autouse=True)

@@ -42,6 +42,15 @@ def data(request: pytest.FixtureRequest, make_data: Callable[[int, int], Path]) 
     return make_data(request.module.N_TRAIN, request.module.N_VAL)
 
 
+@pytest.fixture(scope="module")
+def module_data(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`data` shared by a module's tests (and its module-scoped runs): read, never changed."""
+    d = tmp_path_factory.mktemp("data")
+    write_split(d / "train.h5", request.module.N_TRAIN, 1)
+    write_split(d / "val.h5", request.module.N_VAL, 2)
+    return d
+
+
 #: What every small training run of these tests starts from (a module's RUN_SETTINGS
 #: and a test's own overrides come after it, and a later value of a key wins).
 SMALL_RUN = ("data.batch_size=16", "data.val_batch_size=16", "log.tensorboard=false")

@@ -17,18 +17,29 @@ N_TRAIN, N_VAL = 480, 96
 BOUND = 150.0
 
 
-@pytest.mark.parametrize("kind", ["crop_flip", "resized_crop_flip"])
-def test_a_sample_gets_the_same_augmentation_on_one_and_two_ranks(ranks, make_data, tmp_path,
-                                                                  kind: str) -> None:
-    data = make_data(N_TRAIN, N_VAL)
-    got = {}
+KINDS = ("crop_flip", "resized_crop_flip")
+
+
+@pytest.fixture(scope="module")
+def augmented(module_ranks, module_data: Path, tmp_path_factory) -> dict[int, Path]:
+    """{ranks: folder}: every kind's augmented samples on 1 and on 2 ranks (one launch each,
+    all kinds in it)."""
+    out = {}
     for np_ in (1, 2):
-        out = tmp_path / f"np{np_}"
-        out.mkdir()
-        ranks("augment_batches", str(data / "train.h5"), str(out), "32", kind, np=np_,
-              timeout=BOUND)
+        out[np_] = tmp_path_factory.mktemp(f"np{np_}")
+        module_ranks("augment_batches", str(module_data / "train.h5"), str(out[np_]), "32",
+                     ",".join(KINDS), np=np_, timeout=BOUND)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sample_gets_the_same_augmentation_on_one_and_two_ranks(augmented, kind: str) -> None:
+    got = {}
+    for np_, folder in augmented.items():
         merged = {}
-        for f in out.glob("rank-*.pt"):
+        parts = list((folder / kind).glob("rank-*.pt"))
+        assert len(parts) == np_
+        for f in parts:
             part = torch.load(f)
             assert not merged.keys() & part.keys()  # no sample served twice in an epoch
             merged.update(part)

@@ -1,9 +1,9 @@
 """After training: `hpcdp eval` on 1 and 2 ranks gives the run's final validation numbers;
 the exported model scores the validation file as the run did.
 
-Each test trains one tiny run on 2 ranks under mpirun, then evaluates its
-checkpoint under mpirun with 1 and 2 ranks; every run is bounded by the `ranks`
-fixture.
+Each task's tiny run is trained once on 2 ranks under mpirun (the image run shared by
+the two image tests), then its checkpoint is evaluated under mpirun with 1 and 2 ranks;
+every run is bounded by the `ranks` fixture.
 """
 
 from __future__ import annotations
@@ -50,11 +50,22 @@ def evaluate_twice(ranks, run: Path, tmp_path: Path, *extra: str) -> list[dict]:
     return out
 
 
-def test_image_eval_and_export_reproduce_the_run(ranks, make_data, tmp_path: Path) -> None:
-    data, run = make_data(480, 96), tmp_path / "run"
-    ranks(TRAIN, f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-          "data.val_batch_size=16", "log.tensorboard=false", "run.epochs=2",
-          np=2, timeout=BOUND)
+N_TRAIN, N_VAL = 480, 96  # module_data's image files
+
+
+@pytest.fixture(scope="module")
+def image_run(module_ranks, module_data: Path, tmp_path_factory) -> Path:
+    """One image run trained on 2 ranks, evaluated and exported by the tests below."""
+    run = tmp_path_factory.mktemp("image") / "run"
+    module_ranks(TRAIN, f"data.path={module_data}", f"run.dir={run}", "data.batch_size=16",
+                 "data.val_batch_size=16", "log.tensorboard=false", "run.epochs=2",
+                 np=2, timeout=BOUND)
+    return run
+
+
+def test_image_eval_and_export_reproduce_the_run(ranks, image_run: Path, module_data: Path,
+                                                 tmp_path: Path) -> None:
+    data, run = module_data, image_run
     summary = json.loads((run / "summary.json").read_text())
     for result in evaluate_twice(ranks, run, tmp_path):
         same_numbers(summary, result, ["loss", "acc"])
@@ -70,15 +81,14 @@ def test_image_eval_and_export_reproduce_the_run(ranks, make_data, tmp_path: Pat
     assert acc == summary["val_acc"]
 
 
-def test_eval_of_another_file_and_a_file_that_does_not_fit(ranks, make_data,
+def test_eval_of_another_file_and_a_file_that_does_not_fit(ranks, image_run: Path,
+                                                           module_data: Path,
                                                            tmp_path: Path) -> None:
-    data, run = make_data(256, 64), tmp_path / "run"
-    ranks(TRAIN, f"data.path={data}", f"run.dir={run}", "data.batch_size=16",
-          "log.tensorboard=false", "run.epochs=1", np=2, timeout=BOUND)
+    data, run = module_data, image_run
     out = tmp_path / "train_eval.json"
     ranks(EVAL, "--run", str(run), "--file", str(data / "train.h5"), "--out", str(out), np=2,
           timeout=BOUND)
-    assert json.loads(out.read_text())["samples"] == 256
+    assert json.loads(out.read_text())["samples"] == N_TRAIN
     wide = tmp_path / "wide.h5"
     with h5py.File(wide, "w") as f:
         f["x"] = np.zeros((8, 3, 8, 8), np.uint8)

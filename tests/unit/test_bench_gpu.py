@@ -39,6 +39,9 @@ def test_full_shapes_are_the_issue_s() -> None:
     assert ("gpt2_124m", "default") in labels and ("dlrm", "default") in labels
 
 
+# Four cases built, FLOP-counted and timed in a child process: the suite's costliest unit
+# test, for a GPU benchmark's plumbing (its arithmetic is tested above): CI's second tier.
+@pytest.mark.extended
 def test_tiny_benchmark_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run(

@@ -1,8 +1,9 @@
 """Read a file on every rank through the keyed training reader, augment each batch as the
 image task does, and save every sample's augmented tensor by (epoch, global index).
 
-Usage: augment_batches.py FILE OUT_DIR GLOBAL_BATCH KIND
-Writes OUT_DIR/rank-R.pt: {(epoch, index): tensor} for epochs 0 and 1.
+Usage: augment_batches.py FILE OUT_DIR GLOBAL_BATCH KIND[,KIND...]
+Writes OUT_DIR/KIND/rank-R.pt: {(epoch, index): tensor} for epochs 0 and 1, for each
+kind (one launch for several kinds: starting the ranks costs more than reading).
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from hpcdp.data.read.samples import ShardedReader
 from hpcdp.tasks.image import prepare
 
 
-def main() -> None:
-    path, out, global_batch, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    comm = MPI.COMM_WORLD
+def augmented(path: str, global_batch: int, kind: str, comm: MPI.Comm) -> dict:
     cfg = build(None, [f"data.path={os.path.dirname(path)}", f"image.augment={kind}",
                        "image.crop_padding=3", "image.crop_scale=[0.3, 1.0]", "run.seed=5"])
     reader = SampleKeys(ShardedReader(path, batch_size=global_batch // comm.size,
@@ -34,8 +33,17 @@ def main() -> None:
             x, _ = prepare(batch, cfg, torch.device("cpu"))
             for key, sample in zip(batch[2].tolist(), x):
                 seen[tuple(key)] = sample.clone()
-    torch.save(seen, os.path.join(out, f"rank-{comm.rank}.pt"))
-    print(f"rank {comm.rank}: {len(seen)} samples", flush=True)
+    return seen
+
+
+def main() -> None:
+    path, out, global_batch, kinds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    comm = MPI.COMM_WORLD
+    for kind in kinds.split(","):
+        seen = augmented(path, global_batch, kind, comm)
+        os.makedirs(os.path.join(out, kind), exist_ok=True)
+        torch.save(seen, os.path.join(out, kind, f"rank-{comm.rank}.pt"))
+        print(f"rank {comm.rank}: {kind}: {len(seen)} samples", flush=True)
 
 
 if __name__ == "__main__":
