@@ -8,6 +8,7 @@ rank can never block the caller.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from hpcdp.runtime.hvd_settings import GLOO_PAIR_VAR, GLOO_YIELD_VAR, YIELD_VAR, recommended_env
 
@@ -159,6 +162,22 @@ def run_ranks(
         # A launcher can exit while orphaned ranks still run; never leave them behind.
         kill_group(proc.pid, grace=0.0)
     return RankRun(cmd, proc.returncode, out, timed_out, time.monotonic() - start)
+
+
+def kill_tree(pid: int, timeout: float = 30.0) -> None:
+    """SIGKILL process `pid`, its process group and every process it started, at once, as a
+    time limit does: an mpirun may start its ranks outside its own process group, and a
+    rank left alive would finish the job on its own."""
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(tree, timeout=timeout)
 
 
 def kill_group(pgid: int, grace: float = 3.0) -> None:

@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from hpcdp.data.prep.clicks import criteo_recipe as criteo_prep
 from hpcdp.data.prep.clicks import criteo_synth as cs
-from hpcdp.runtime.launcher import kill_group, launch_command, rank_environment
+from hpcdp.runtime.launcher import kill_group, kill_tree, launch_command, rank_environment
 
 pytestmark = pytest.mark.parallel
 
@@ -143,7 +142,7 @@ def kill_midway(argv: list[str], out: Path, parts: int, split: str | None, np_: 
                and time.monotonic() < deadline):
             time.sleep(0.005)
         assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         proc.wait(timeout=30)
     finally:
         kill_group(proc.pid, grace=0.0)

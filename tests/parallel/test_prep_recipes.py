@@ -3,8 +3,6 @@ kill mid-way (SIGKILL to the launcher and its ranks, as a time limit does) and -
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -13,11 +11,10 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import psutil
 import pytest
 
 from hpcdp.data.prep import cli as prep
-from hpcdp.runtime.launcher import kill_group, launch_command, rank_environment
+from hpcdp.runtime.launcher import kill_group, kill_tree, launch_command, rank_environment
 
 pytestmark = pytest.mark.parallel
 
@@ -51,12 +48,7 @@ def kill_when(argv: list[str], ready, np_: int = 2, timeout: float = 120) -> str
             time.sleep(0.005)
         # Slurm's time limit kills every process of the step at once: the launcher and
         # its ranks (which an mpirun may start outside its own process group).
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        os.killpg(proc.pid, signal.SIGKILL)
-        for child in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
-        psutil.wait_procs(tree, timeout=30)
+        kill_tree(proc.pid)
         out, _ = proc.communicate(timeout=30)
     finally:
         kill_group(proc.pid, grace=0.0)

@@ -20,7 +20,7 @@ import pytest
 from hpcdp.data.prep.images import recipe as images
 from hpcdp.data.prep.text import corpus_synth
 from hpcdp.data.prep.text import recipe as text
-from hpcdp.runtime.launcher import launch_command, rank_environment
+from hpcdp.runtime.launcher import kill_tree, launch_command, rank_environment
 
 pytestmark = pytest.mark.parallel
 
@@ -47,7 +47,7 @@ def kill_half_way(argv: list[str], out: Path, parts: int, timeout: float = 90) -
             if proc.poll() is not None:
                 pytest.fail(f"the run ended (exit {proc.returncode}) before it was killed")
             if (out / WORK).is_dir() and (saved := saved_parts(out / WORK)) >= parts:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait()
                 return saved
             time.sleep(0.005)

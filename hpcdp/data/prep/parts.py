@@ -49,6 +49,15 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _remove_leftovers(work: str) -> None:
+    """What a run killed while making or removing its work folder left beside it."""
+    parent, name = os.path.split(work)
+    if os.path.isdir(parent):
+        for entry in os.listdir(parent):
+            if entry.startswith((f"{name}.tmp-", f"{name}.removed-")):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
 def _remove_stale_temporaries(out_dir: str) -> None:
     """The final files' temporaries (`frame.replacing`) left by the killed run."""
     for name in os.listdir(out_dir):
@@ -79,6 +88,7 @@ class Parts:
 
     def _open(self, resume: bool) -> bool:
         """Rank 0: check or make the work folder; whether earlier parts are kept."""
+        _remove_leftovers(self.dir)
         there = os.path.exists(self.dir)
         if there and not resume:
             raise PrepError(f"{self.dir}: a partial preparation is there (a run that did not "
@@ -194,8 +204,10 @@ class Parts:
     def remove(self) -> None:
         """Collective: the work folder goes, once every rank is done with the parts."""
         self.comm.Barrier()
-        if self.comm.rank == 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if self.comm.rank == 0:  # renamed first: a kill mid-removal leaves no work folder
+            gone = f"{self.dir}.removed-{uuid.uuid4().hex[:8]}"  # without its fingerprint
+            os.rename(self.dir, gone)
+            shutil.rmtree(gone, ignore_errors=True)
         self.comm.Barrier()
 
     def __enter__(self) -> Parts:
