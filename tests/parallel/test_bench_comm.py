@@ -54,6 +54,7 @@ def test_allreduce_mpi_and_gloo(tmp_path: Path, capsys) -> None:
         assert idle["slowdown"] == pytest.approx(idle["beside_hvd_s"] / idle["solo_s"])
 
 
+@pytest.mark.extended  # a benchmark's whole run: CI's second tier
 def test_fusion_on_and_off(tmp_path: Path, capsys) -> None:
     argv = ["--tensors", "20", "--tensor-size", "4KiB", "--repeats", "3", "--warmup", "1",
             "--pairs", "1", "--out", str(tmp_path), "--timeout", "120"]

@@ -21,6 +21,7 @@ def _positive(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.extended  # a benchmark's whole run: CI's second tier
 def test_bench_train_end_to_end(tmp_path: Path, capsys) -> None:
     argv = ["train", "--models", "digits_cnn,resnet18", "--steps", "4", "--warmup", "2",
             "--window", "2", "--rounds", "1", "--width", "4", "--samples", "512",

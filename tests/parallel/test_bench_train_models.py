@@ -23,6 +23,7 @@ def _positive(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.extended  # a benchmark's whole run: CI's second tier
 def test_bench_train_dlrm_both_modes(tmp_path: Path, capsys) -> None:
     argv = ["train", "--models", "dlrm", "--tables", "small", "--batch", "64", "--steps", "2",
             "--warmup", "2", "--window", "2", "--rounds", "1", "--no-plot", "--timeout", "120",
@@ -51,6 +52,7 @@ def test_bench_train_dlrm_both_modes(tmp_path: Path, capsys) -> None:
     assert dense["sent_mib"] > dense["table_mib"]  # plus the MLPs' all-reduce
 
 
+@pytest.mark.extended  # a benchmark's whole run: CI's second tier
 def test_bench_train_gpt2_shape_data_share(tmp_path: Path, capsys) -> None:
     argv = ["train", "--models", "gpt2_124m", "--steps", "2", "--warmup", "1", "--window", "1",
             "--rounds", "1", "--no-ddp", "--no-plot", "--timeout", "120",

@@ -78,6 +78,7 @@ def test_the_readme_marks_every_workstation_command_it_must_show() -> None:
 
 
 @pytest.mark.parallel
+@pytest.mark.extended  # every README command in turn, about a minute: CI's second tier
 @pytest.mark.timeout(1200)  # minutes on a busy 2-core machine: a bound of its own
 def test_the_readme_commands_run_as_written(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
