@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
+from h5_files import assert_same_h5
 
 from hpcdp.data.prep.images.recipe import main
 
@@ -27,15 +27,6 @@ def make_folder(root: Path, per_class: int, classes: int) -> None:
     mod.make_folder(str(root), per_class, classes=classes)
 
 
-def same_files(a: Path, b: Path) -> None:
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        assert set(fa) == set(fb)
-        for name in fa:
-            assert fa[name].chunks == fb[name].chunks
-            np.testing.assert_array_equal(fa[name][...], fb[name][...])
-        assert set(fa.attrs) == set(fb.attrs)
-        for key in fa.attrs:
-            np.testing.assert_array_equal(fa.attrs[key], fb.attrs[key])
 
 
 def test_two_ranks_write_the_same_files_as_one(ranks, tmp_path: Path) -> None:
@@ -45,7 +36,7 @@ def test_two_ranks_write_the_same_files_as_one(ranks, tmp_path: Path) -> None:
     run = ranks(RECIPE, *args, "--out", str(tmp_path / "two"), np=2, timeout=120)
     assert "on 2 rank(s)" in run.output
     for split in ("train.h5", "val.h5"):
-        same_files(tmp_path / "one" / split, tmp_path / "two" / split)
+        assert_same_h5(tmp_path / "one" / split, tmp_path / "two" / split)
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["train.h5", "val.h5"]
 
 
@@ -78,7 +69,7 @@ def test_cifar_recipe_on_two_ranks_writes_the_same_file_as_one(ranks, tmp_path: 
     run = ranks(cifar_recipe, *args, "--out", str(tmp_path / "two"), np=2, timeout=120)
     assert "on 2 rank(s)" in run.output
     for split in ("train.h5", "val.h5"):
-        same_files(tmp_path / "one" / split, tmp_path / "two" / split)
+        assert_same_h5(tmp_path / "one" / split, tmp_path / "two" / split)
 
 
 def test_existing_output_is_refused_by_every_rank_without_overwrite(ranks, tmp_path: Path):

@@ -9,9 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
+from h5_files import assert_same_h5
 
 from hpcdp.data.prep.images import recipe as images
 from hpcdp.data.prep.text import corpus_synth
@@ -22,15 +21,6 @@ pytestmark = pytest.mark.parallel
 REPO = Path(__file__).resolve().parents[2]
 
 
-def same_files(a: Path, b: Path) -> None:
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        assert set(fa) == set(fb)
-        for name in fa:
-            assert fa[name].chunks == fb[name].chunks
-            np.testing.assert_array_equal(fa[name][...], fb[name][...])
-        assert set(fa.attrs) == set(fb.attrs)
-        for key in fa.attrs:
-            np.testing.assert_array_equal(fa.attrs[key], fb.attrs[key])
 
 
 @pytest.mark.parametrize("np_", [3, 8])  # 8: oversubscribed, some ranks without a block
@@ -47,7 +37,7 @@ def test_text_in_small_blocks_on_several_ranks(ranks, tmp_path: Path, np_: int) 
                  str(tmp_path / "three")], np=np_, timeout=180)
     assert f"on {np_} rank(s)" in run.output
     for name in ("train.h5", "val.h5"):
-        same_files(tmp_path / "one" / name, tmp_path / "three" / name)
+        assert_same_h5(tmp_path / "one" / name, tmp_path / "three" / name)
     assert (tmp_path / "one" / "tokenizer.json").read_bytes() == (
         tmp_path / "three" / "tokenizer.json").read_bytes()
 
@@ -66,4 +56,4 @@ def test_images_in_small_blocks_on_several_ranks(ranks, tmp_path: Path, np_: int
                  str(tmp_path / "three")], np=np_, timeout=180)
     assert f"on {np_} rank(s)" in run.output
     for name in ("train.h5", "val.h5"):
-        same_files(tmp_path / "one" / name, tmp_path / "three" / name)
+        assert_same_h5(tmp_path / "one" / name, tmp_path / "three" / name)

@@ -9,9 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
+from h5_files import assert_same_h5
 
 from hpcdp.data.prep import cli as prep
 from hpcdp.runtime.launcher import kill_group, kill_tree, launch_command, rank_environment
@@ -59,14 +58,7 @@ def kill_when(argv: list[str], ready, np_: int = 2, timeout: float = 120) -> str
 def same_files(a: Path, b: Path) -> None:
     assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
     for path in a.glob("*.h5"):
-        with h5py.File(path) as fa, h5py.File(b / path.name) as fb:
-            assert sorted(fa) == sorted(fb)
-            for key in fa:
-                assert fa[key].chunks == fb[key].chunks, key
-                np.testing.assert_array_equal(fa[key][()], fb[key][()], err_msg=key)
-            assert sorted(fa.attrs) == sorted(fb.attrs)
-            for key in fa.attrs:
-                np.testing.assert_array_equal(fa.attrs[key], fb.attrs[key], err_msg=key)
+        assert_same_h5(path, b / path.name)
 
 
 @pytest.mark.parametrize(("recipe", "moment"), [("synthetic", "parts"), ("clicks", "parts"),

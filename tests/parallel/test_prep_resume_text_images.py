@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
+from h5_files import assert_same_h5
 
 from hpcdp.data.prep.images import recipe as images
 from hpcdp.data.prep.text import corpus_synth
@@ -57,14 +56,6 @@ def kill_half_way(argv: list[str], out: Path, parts: int, timeout: float = 90) -
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def same_files(a: Path, b: Path) -> None:
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        assert set(fa) == set(fb)
-        for name in fa:
-            np.testing.assert_array_equal(fa[name][...], fb[name][...])
-        assert set(fa.attrs) == set(fb.attrs)
-        for key in fa.attrs:
-            np.testing.assert_array_equal(fa.attrs[key], fb.attrs[key])
 
 
 def resume_and_compare(ranks, main, argv: list[str], out: Path, whole: Path, saved: int,
@@ -78,11 +69,11 @@ def resume_and_compare(ranks, main, argv: list[str], out: Path, whole: Path, sav
     reused = re.findall(r": resuming: (\d+) of \d+ blocks already done", run.output)
     assert sum(map(int, reused)) >= saved // 2 > 0, run.describe()  # images: 2 parts a block
     for split in ("train.h5", "val.h5"):
-        same_files(whole / split, out / split)
+        assert_same_h5(whole / split, out / split)
     assert not (out / WORK).exists()
 
 
-def test_text_killed_half_way_resumes_to_the_same_files(ranks, tmp_path: Path, capsys):
+def test_text_killed_half_way_resumes_to_the_assert_same_h5(ranks, tmp_path: Path, capsys):
     corpus_synth.make_corpus(str(tmp_path / "c"), 3 << 19, files=3)
     args = ["--files", str(tmp_path / "c" / "*.jsonl"), "--val-fraction", "0.1",
             "--block-mib", "0.01"]
@@ -94,7 +85,7 @@ def test_text_killed_half_way_resumes_to_the_same_files(ranks, tmp_path: Path, c
     resume_and_compare(ranks, text.main, argv, out, tmp_path / "whole", saved, capsys)
 
 
-def test_images_killed_half_way_resume_to_the_same_files(ranks, tmp_path: Path, capsys):
+def test_images_killed_half_way_resume_to_the_assert_same_h5(ranks, tmp_path: Path, capsys):
     spec = importlib.util.spec_from_file_location("make_image_folder",
                                                   REPO / "scripts" / "make_image_folder.py")
     mod = importlib.util.module_from_spec(spec)
