@@ -55,11 +55,7 @@ def expand_files(patterns: Sequence[str]) -> list[str]:
 def line_spans(data: Any, file: int, lo: int, hi: int, base: int = 0) -> list[Span]:
     """Non-empty lines of `data` that start in ``[lo, hi)``, without ``\\n`` or ``\\r\\n``;
     `data` holds the file from byte `base` on, and spans are in file offsets."""
-    if lo == 0:
-        pos = 0
-    else:
-        nl = data.find(b"\n", lo - 1)
-        pos = len(data) if nl < 0 else nl + 1
+    pos = bk.line_start(data, lo)
     spans = []
     while pos < hi:
         end = data.find(b"\n", pos)
