@@ -193,12 +193,8 @@ def dense_features(counts: np.ndarray) -> np.ndarray:
 
 def hashed_ids(values: np.ndarray, buckets: int) -> np.ndarray:
     """(n, 26) int32 ids: 0 for an empty value, else 1 + hash(field, value) mod (buckets - 1)."""
-    ids = np.zeros(values.shape, np.int32)
-    for j in range(values.shape[1]):
-        column = values[:, j]
-        full = column != EMPTY
-        ids[full, j] = 1 + hash_ids(column[full], j + 1, buckets - 1)
-    return ids
+    hashed = hash_ids(values, range(1, values.shape[1] + 1), buckets - 1)  # salt: field j
+    return np.where(values == EMPTY, 0, 1 + hashed).astype(np.int32)
 
 
 def value_counts(values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

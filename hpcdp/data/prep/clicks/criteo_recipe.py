@@ -179,13 +179,14 @@ def parse_split(split: str, blocks: list[Block], names: dict[str, str], inputs: 
 
 
 def parse_block(split: str, block: Block, names: dict[str, str], inputs: Inputs,
-                parts: Parts, counting: bool) -> np.ndarray | None:
-    """Block `block` parsed into its part (hashed ids: the final part; a vocabulary: the raw
-    values, ``split-raw``); the raw values when `counting` (from the part if there)."""
+                parts: Parts, counting: bool) -> cv.BlockValues | None:
+    """Block `block` parsed into its part (hashed ids: the final part; a vocabulary: its
+    values encoded (`criteo_vocab.BlockValues`), ``split-raw``); those values when
+    `counting` (from the part if there)."""
     vocab = inputs.rule.buckets is None
     name = f"{split}-raw" if vocab else split
     if parts.done(name, block.index):
-        return np.asarray(parts.load(name, block.index)["values"]) if counting else None
+        return cv.BlockValues.from_arrays(parts.load(name, block.index)) if counting else None
     buckets = int(inputs.rule.buckets or 0)
     dense, ids, label, skipped = [], [], [], 0
     try:
@@ -198,11 +199,13 @@ def parse_block(split: str, block: Block, names: dict[str, str], inputs: Inputs,
     except OSError as exc:  # reading (saving the part below is not bad input)
         raise cr.CriteoError(f"{names[block.path]}: cannot be read: {exc}") from None
     arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
-              ("values" if vocab else "sparse"): _join(
-                  ids, (cr.CATEGORICAL,), np.int64 if vocab else np.int32),
               "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
-    parts.save(name, block.index, **arrays)
-    return arrays["values"] if vocab and counting else None
+    if not vocab:
+        parts.save(name, block.index, **arrays, sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
+        return None
+    values = cv.BlockValues.encode(_join(ids, (cr.CATEGORICAL,), np.int64))
+    parts.save(name, block.index, **arrays, **values.arrays())
+    return values if counting else None
 
 
 def _join(pieces: list[np.ndarray], tail: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -246,7 +249,7 @@ def map_split(split: str, n_blocks: int, shard: cv.Shard, parts: Parts, comm: An
         index = mine[k] if k < len(mine) and not parts.done(split, mine[k]) else None
         raw = parts.load(f"{split}-raw", index) if index is not None else None
         # collective: the values' ids asked of their owners, and their questions answered
-        ids = cv.ask_ids(comm, np.asarray(raw["values"]) if raw else None, shard)
+        ids = cv.ask_ids(comm, cv.BlockValues.from_arrays(raw) if raw else None, shard)
         if raw is not None:
             parts.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
                        skipped=raw["skipped"])

@@ -4,7 +4,8 @@ Every distinct categorical value (per field) has one owner rank, found from the
 value alone by a range partition of the 32-bit values (`owners`): rank r owns
 the r-th P-th of [0, 2**32). Criteo's values are hashes, so the ranges hold
 about equal shares. A reader sends each block's value counts to their owners
-(`send_counts`, one all-to-all per round of blocks); an owner adds them up
+(`send_counts`, one all-to-all per round of blocks, of the counts a block's
+`BlockValues` took when it was parsed); an owner adds them up
 (`OwnedCounts`). Since every value of rank r is below every value of rank r+1,
 the ids of the kept values in increasing value order (`criteo.Vocabulary`'s
 rule) are an owner's positions plus an exclusive prefix sum of the kept counts
@@ -43,15 +44,66 @@ def exchange(comm: Any, outgoing: list[Any]) -> list[Any]:
     return list(outgoing) if comm.size == 1 else comm.alltoall(outgoing)
 
 
+@dataclass(frozen=True)
+class BlockValues:
+    """A block's categorical values as each field's distinct values (increasing) with their
+    counts, and each row's position among them: counted once when the block is parsed, they
+    are what the owners are sent (`send_counts`) and later asked about (`ask_ids`), and the
+    ids of a row are looked up by position, with no second sort of the block."""
+
+    codes: np.ndarray  # (fields, n) int32: the position in the field's distinct values; -1 empty
+    distinct: np.ndarray  # uint32: field 0's distinct values, then field 1's, ...
+    counts: np.ndarray  # int64: how often each distinct value occurs in the block
+    offsets: np.ndarray  # (fields + 1,) int64: field j's at [offsets[j], offsets[j + 1])
+
+    @staticmethod
+    def encode(values: np.ndarray) -> BlockValues:
+        """The (n, fields) raw values (`criteo.EMPTY` for an empty field) encoded."""
+        by_field = np.ascontiguousarray(values.T)  # each field's values together
+        codes = np.full(by_field.shape, -1, np.int32)
+        distinct, counts = [], []
+        for j, column in enumerate(by_field):
+            full = column != EMPTY
+            vals, inverse, nums = np.unique(column[full], return_inverse=True,
+                                            return_counts=True)
+            codes[j, full] = inverse
+            distinct.append(vals.astype(np.uint32))
+            counts.append(nums.astype(np.int64))
+        offsets = np.concatenate([[0], np.cumsum([len(d) for d in distinct])]).astype(np.int64)
+        return BlockValues(codes, np.concatenate(distinct) if distinct else np.zeros(0, np.uint32),
+                           np.concatenate(counts) if counts else np.zeros(0, np.int64), offsets)
+
+    @property
+    def fields(self) -> int:
+        return len(self.offsets) - 1
+
+    def field(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Field j's distinct values (increasing) and how often each occurs."""
+        a, b = self.offsets[j], self.offsets[j + 1]
+        return self.distinct[a:b], self.counts[a:b]
+
+    def ids(self, answers: list[np.ndarray]) -> np.ndarray:
+        """(n, fields) int32 ids, given each field's ids of its distinct values."""
+        ids = np.empty(self.codes.shape, np.int32)
+        for j, got in enumerate(answers):
+            ids[j] = np.concatenate([[EMPTY_ID], got]).astype(np.int32)[self.codes[j] + 1]
+        return ids.T
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"codes": self.codes, "distinct": self.distinct, "counts": self.counts,
+                "offsets": self.offsets}
+
+    @staticmethod
+    def from_arrays(a: Any) -> BlockValues:
+        return BlockValues(*(np.asarray(a[k]) for k in ("codes", "distinct", "counts",
+                                                          "offsets")))
+
+
 def block_counts(values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per field: the distinct non-empty values of a block (increasing) and how often each
     occurs."""
-    out = []
-    for j in range(values.shape[1]):
-        column = values[:, j]
-        vals, nums = np.unique(column[column != EMPTY], return_counts=True)
-        out.append((vals.astype(np.uint32), nums.astype(np.int64)))
-    return out
+    block = BlockValues.encode(values)
+    return [block.field(j) for j in range(block.fields)]
 
 
 class OwnedCounts:
@@ -113,12 +165,12 @@ class OwnedCounts:
         return out
 
 
-def send_counts(comm: Any, values: np.ndarray | None, owned: OwnedCounts) -> None:
-    """Collective: the counts of this rank's block of raw values (None: no block this round)
-    added on their owners."""
-    per_field = block_counts(values) if values is not None else []
+def send_counts(comm: Any, block: BlockValues | None, owned: OwnedCounts) -> None:
+    """Collective: the counts of this rank's block (None: no block this round) added on
+    their owners."""
     outgoing: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(comm.size)]
-    for vals, nums in per_field:
+    for j in range(block.fields if block is not None else 0):
+        vals, nums = block.field(j)  # type: ignore[union-attr]
         at = cuts(vals, comm.size)
         for r in range(comm.size):
             outgoing[r].append((vals[at[r] : at[r + 1]], nums[at[r] : at[r + 1]]))
@@ -170,27 +222,18 @@ def make_shard(comm: Any, owned: OwnedCounts) -> Shard:
                  tuple(int(2 + t) for t in every.sum(axis=0)))
 
 
-def ask_ids(comm: Any, values: np.ndarray | None, shard: Shard) -> np.ndarray | None:
-    """Collective: the (n, 26) int32 ids of this rank's block of raw values (None: no block
-    this round), each distinct value asked of its owner once."""
-    asked: list[tuple[np.ndarray, np.ndarray]] = []
+def ask_ids(comm: Any, block: BlockValues | None, shard: Shard) -> np.ndarray | None:
+    """Collective: the (n, 26) int32 ids of this rank's block (None: no block this round),
+    each distinct value asked of its owner once."""
     questions: list[list[np.ndarray]] = [[] for _ in range(comm.size)]
-    for j in range(values.shape[1] if values is not None else 0):
-        column = values[:, j]
-        full = column != EMPTY
-        distinct, inverse = np.unique(column[full], return_inverse=True)
-        distinct = distinct.astype(np.uint32)
-        asked.append((full, inverse))
+    for j in range(block.fields if block is not None else 0):
+        distinct = block.field(j)[0]  # type: ignore[union-attr]
         at = cuts(distinct, comm.size)
         for r in range(comm.size):
             questions[r].append(distinct[at[r] : at[r + 1]])
     answers = exchange(comm, [[shard.ids(j, q) for j, q in enumerate(qs)]
                               for qs in exchange(comm, questions)])
-    if values is None:
+    if block is None:
         return None
-    ids = np.full(values.shape, EMPTY_ID, np.int32)
-    for j, (full, inverse) in enumerate(asked):
-        got = np.concatenate([answers[r][j] for r in range(comm.size)])
-        ids[full, j] = got[inverse]
-    return ids
-
+    return block.ids([np.concatenate([answers[r][j] for r in range(comm.size)])
+                      for j in range(block.fields)])
