@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -220,3 +221,30 @@ class Parts:
         kill, a full disk) keeps them for ``--resume``."""
         if kind is None or issubclass(kind, PrepError):
             self.remove()
+
+
+class Numbered:
+    """A split's parts known by sparse keys (a file's place and a block in it, when a file's
+    blocks are counted only as it is read), seen as blocks 0..n-1 in key order: what
+    `frame.write_parts` and a recipe's rounds over ranks expect."""
+
+    def __init__(self, parts: Parts, keys: Sequence[int]) -> None:
+        self.parts, self.keys = parts, sorted(keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def done(self, split: str, index: int) -> bool:
+        return self.parts.done(split, self.keys[index])
+
+    def save(self, split: str, index: int, **arrays: np.ndarray) -> None:
+        self.parts.save(split, self.keys[index], **arrays)
+
+    def load(self, split: str, index: int) -> dict[str, np.ndarray]:
+        return self.parts.load(split, self.keys[index])
+
+    def rows(self, split: str, index: int) -> int:
+        return self.parts.rows(split, self.keys[index])
+
+    def lengths(self, split: str, index: int) -> dict[str, int]:
+        return self.parts.lengths(split, self.keys[index])

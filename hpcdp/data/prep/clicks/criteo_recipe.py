@@ -7,29 +7,29 @@ attributes, so a model is built from the prepared file alone. The parsing and
 the rules are `hpcdp.data.prep.clicks.criteo`'s; this module streams the logs
 through the preparation frame (`hpcdp.data.prep.frame`, `blocks`, `parts`):
 
-1. A gzip file cannot be entered midway, so each is first decompressed into the
-   work folder (OUT/.hpcdp-prep/), the files spread over the ranks.
-2. Each split's files are cut into blocks of ``--block-mib`` (the same list for
-   any number of ranks); each rank parses its contiguous run of blocks one at a
-   time and saves what a block gives as a part. A bad line stops the run with
-   the first bad line in file order named on every rank, and nothing written.
-3. Ids: hashed into ``--buckets`` rows a field as each block is parsed (one
-   pass), or from the vocabulary of the values seen at least ``--min-count``
-   times in the training rows, counted on owner ranks
-   (`hpcdp.data.prep.clicks.criteo_vocab`: each rank holds about 1/P of the
-   distinct values), then a second pass over the parts asks the owners for the
-   ids of each block's values.
-4. The final files hold the blocks' rows in block order (prefix sums of the rows
-   per block), so 1 and N ranks write the same files, each under a temporary
-   name renamed when complete; nothing is replaced without ``--overwrite``.
+1. Each split's plain files are cut into blocks of ``--block-mib`` (the same list for
+   any number of ranks). A gzip file cannot be entered midway, so one rank inflates it
+   a block of whole lines at a time into a chunk file of the work folder (OUT/.hpcdp-prep/),
+   which any rank then parses (`criteo_schedule`: in each round every rank parses a block
+   or inflates; one gzip file keeps every rank busy). A block is parsed into a part; a
+   chunk is removed once parsed. A bad line stops the run with the first bad line in file
+   order named on every rank, and nothing written.
+2. Ids: hashed into ``--buckets`` rows a field as each block is parsed (one pass), or
+   from the vocabulary of the values seen at least ``--min-count`` times in the training
+   rows, counted on owner ranks (`hpcdp.data.prep.clicks.criteo_vocab`: each rank holds
+   about 1/P of the distinct values), then a second pass over the parts asks the owners
+   for the ids of each block's distinct values.
+3. The final files hold the blocks' rows in file and block order (prefix sums of the
+   rows per block), so 1 and N ranks write the same files, each under a temporary name
+   renamed when complete; nothing is replaced without ``--overwrite``.
 
-A rank holds about one block of input and its rows (and its share of the
-vocabulary), whatever the size of the logs. The cost: the rows are written twice
-(parts, then the final files; with a vocabulary the parts once more with their
-ids), and until the end the work folder holds the decompressed gzip files and
-the parts, about 1.7x the output (3x with a vocabulary). A killed run continues
-from its completed blocks with ``--resume`` (and from the counted vocabulary if
-the number of ranks is the same).
+A rank holds about one block of input and its rows (and its share of the vocabulary),
+whatever the size of the logs. The cost: the rows are written twice (parts, then the
+final files; with a vocabulary the parts once more with their ids), and until the end
+the work folder holds the parts (about the output's size; twice with a vocabulary) and
+the chunks inflated but not yet parsed. A killed run continues from its completed blocks
+with ``--resume`` (a gzip file inflated again up to them, unless it was inflated whole;
+and from the counted vocabulary if the number of ranks is the same).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import glob
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,12 +50,13 @@ import numpy as np
 from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame as prep_run
-from hpcdp.data.prep.blocks import Block, plan_blocks, rank_blocks
+from hpcdp.data.prep.blocks import plan_blocks, rank_blocks
 from hpcdp.data.prep.clicks import criteo as cr
 from hpcdp.data.prep.clicks import criteo_blocks as cb
+from hpcdp.data.prep.clicks import criteo_schedule as cs
 from hpcdp.data.prep.clicks import criteo_vocab as cv
 from hpcdp.data.prep.frame import PrepError
-from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import Numbered, Parts
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/criteo.py"
@@ -127,84 +129,162 @@ def expand(patterns: Sequence[str], option: str) -> list[str]:
     return paths
 
 
-def plain_files(inputs: Inputs, parts: Parts, comm: Any) -> dict[str, list[tuple[str, str]]]:
-    """Collective: per split, (plain file to read, the name the user gave) in input order,
-    each gzip file decompressed into the work folder by one rank (the k-th by rank k % P;
-    one kept from an interrupted run is used again)."""
-    plain: dict[str, list[tuple[str, str]]] = {}
-    gz, error = 0, None
-    for split in SPLITS:
-        plain[split] = []
-        for i, path in enumerate(inputs.files[split]):
-            if not cr.is_gzip(path):
-                plain[split].append((path, path))
+@dataclass(frozen=True)
+class Unit:
+    """One block to parse: bytes ``[start, end)`` of `path`, a plain input or a chunk of a
+    gzip input inflated into the work folder (whose lines are numbered from `first_line`);
+    `key` is its place in the split (`criteo_schedule.key`)."""
+
+    key: int
+    path: str
+    start: int
+    end: int
+    name: str  # the file the user gave
+    first_line: int | None = None  # a chunk's first line; None: counted in the file
+    input_bytes: int = 0  # of the user's file, for the progress (a chunk's: counted inflating)
+
+
+def chunk_path(parts: Parts, split: str, pos: int, k: int) -> str:
+    return parts.path(f"{split}-{pos:05d}-{k:010d}.txt")
+
+
+def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Unit], list[int]]:
+    """The blocks of `split` known before reading (plain files cut into blocks, gzip files an
+    earlier run inflated whole), and the positions of the gzip files left to inflate."""
+    units: dict[int, Unit] = {}
+    inflate: list[int] = []
+    for pos, path in enumerate(inputs.files[split]):
+        if cr.is_gzip(path):
+            state = parts.load_state(f"gzip-{split}-{pos:05d}")
+            if state is None:
+                inflate.append(pos)
                 continue
-            target = parts.path(f"{split}-{i:05d}.txt")
-            plain[split].append((target, path))
-            if gz % comm.size == comm.rank and error is None and not os.path.exists(target):
-                try:
-                    cb.gunzip(path, target)
-                except cr.CriteoError as exc:
-                    error = str(exc)
-            gz += 1
-    prep_run.raise_agreed(comm, error, CriteoPrepError)
-    comm.Barrier()  # every decompressed file is complete before any rank reads it
-    return plain
+            for k, (first, nbytes) in enumerate(state["chunks"]):
+                key = cs.key(pos, k)
+                units[key] = Unit(key, chunk_path(parts, split, pos, k), 0, nbytes, path, first)
+            continue
+        for block in plan_blocks([(path, os.path.getsize(path))], inputs.block_bytes):
+            key = cs.key(pos, block.index)
+            units[key] = Unit(key, path, block.start, block.end, path, None, block.nbytes)
+    return units, inflate
 
 
-def parse_split(split: str, blocks: list[Block], names: dict[str, str], inputs: Inputs,
-                parts: Parts, owned: cv.OwnedCounts | None, progress: Any, comm: Any) -> None:
-    """Collective: this rank's blocks of `split` parsed into parts, one round of blocks at a
-    time (each rank's next block), with `owned` their value counts sent to their owners.
-    The first bad line in file order is raised on every rank."""
-    mine = rank_blocks(len(blocks), comm.rank, comm.size)
-    rounds = max(len(rank_blocks(len(blocks), r, comm.size)) for r in range(comm.size))
-    first: tuple[int, str] | None = None  # (block, message) of the first bad line known
-    for k in range(rounds):
-        block = blocks[mine[k]] if k < len(mine) else None
-        values, error = None, None
-        if block is not None and (first is None or block.index < first[0]):
-            try:
-                values = parse_block(split, block, names, inputs, parts, owned is not None)
-            except cr.CriteoError as exc:
-                error = (block.index, str(exc))
-            progress.advance(block.nbytes)
-        # collective: every rank's error of this round (the lowest block's line is first)
-        known = [e for e in comm.allgather(error) if e] + ([first] if first else [])
+@dataclass
+class Round:
+    """What a rank reports after its work of a round."""
+
+    error: tuple[int, str] | None = None  # (block key, message) of a bad line or stream
+    units: list[Unit] | None = None  # blocks inflated
+    finished: int | None = None  # the gzip file inflated to its end
+
+
+def parse_split(split: str, inputs: Inputs, parts: Parts, owned: cv.OwnedCounts | None,
+                progress: Any, comm: Any) -> list[int]:
+    """Collective: every block of `split` parsed into its part, in rounds where every rank
+    parses one block or inflates the next block of a gzip file (`criteo_schedule`), with
+    `owned` the values counted on their owners; the split's block keys. The first bad line
+    in file order is raised on every rank."""
+    units, to_inflate = known_units(split, inputs, parts)
+    schedule = cs.Schedule.start(comm.size, units, to_inflate)
+    inflaters: dict[int, cb.Inflater] = {}
+    first: tuple[int, str] | None = None
+    last_round = 0.0  # seconds the last round took
+    while not schedule.finished():
+        began = time.monotonic()
+        job, arg = schedule.plan().get(comm.rank, ("", 0))
+        report, values = Round(), None
+        if job == cs.PARSE:
+            values, report.error = _parse(split, units[arg], inputs, parts, owned is not None)
+            progress.advance(units[arg].input_bytes)
+        elif job == cs.INFLATE:  # as many blocks as fit in a round of parsing (at least one)
+            report = _inflate(split, arg, inputs, parts, inflaters, progress,
+                              began + 0.9 * last_round)
+        reports = comm.allgather(report)  # collective: every rank's news of this round
+        last_round = time.monotonic() - began
+        for got in reports:
+            schedule.add(unit.key for unit in got.units or [])
+            units.update((unit.key, unit) for unit in got.units or [])
+            if got.finished is not None:
+                schedule.done_inflating(got.finished)
+        known = [r.error for r in reports if r.error] + ([first] if first else [])
         first = min(known) if known else None
+        if first is not None:
+            schedule.stop_after(first[0])
         if owned is not None:  # collective: this round's value counts to their owners
             cv.send_counts(comm, values, owned)
+    for inflater in inflaters.values():
+        inflater.close()
     if first is not None:
         raise CriteoPrepError(first[1])
+    return sorted(units)
 
 
-def parse_block(split: str, block: Block, names: dict[str, str], inputs: Inputs,
-                parts: Parts, counting: bool) -> cv.BlockValues | None:
-    """Block `block` parsed into its part (hashed ids: the final part; a vocabulary: its
+def _parse(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: bool
+           ) -> tuple[cv.BlockValues | None, tuple[int, str] | None]:
+    try:
+        return parse_block(split, unit, inputs, parts, counting), None
+    except cr.CriteoError as exc:
+        return None, (unit.key, str(exc))
+
+
+def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
+             inflaters: dict[int, cb.Inflater], progress: Any, until: float) -> Round:
+    """The next blocks of gzip file `pos` inflated into chunk files (a block whose part is
+    done already: only counted), until time `until` (monotonic) or the file's end; at its
+    end, the file's chunks saved as state, for a resumed run."""
+    path = inputs.files[split][pos]
+    inflater = inflaters.setdefault(pos, cb.Inflater(path, inputs.block_bytes))
+    part = f"{split}-raw" if inputs.rule.buckets is None else split
+    report = Round(units=[])
+    while not inflater.finished and (not report.units or time.monotonic() < until):
+        k, before = inflater.chunks, inflater.consumed
+        key = cs.key(pos, k)
+        target = chunk_path(parts, split, pos, k)
+        try:
+            chunk = inflater.next_chunk(None if parts.done(part, key) else target)
+        except cr.CriteoError as exc:
+            return Round(units=report.units, error=(key, str(exc)), finished=pos)
+        finally:
+            progress.advance(inflater.consumed - before)
+        if chunk is None:
+            break
+        report.units.append(Unit(key, target, 0, chunk[1], path, chunk[0]))  # type: ignore
+    if inflater.finished:
+        parts.save_state(f"gzip-{split}-{pos:05d}", {"chunks": inflater.made})
+        report.finished = pos
+    return report
+
+
+def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: bool
+                ) -> cv.BlockValues | None:
+    """Block `unit` parsed into its part (hashed ids: the final part; a vocabulary: its
     values encoded (`criteo_vocab.BlockValues`), ``split-raw``); those values when
-    `counting` (from the part if there)."""
+    `counting` (from the part if there). A chunk file goes once its part is saved."""
     vocab = inputs.rule.buckets is None
     name = f"{split}-raw" if vocab else split
-    if parts.done(name, block.index):
-        return cv.BlockValues.from_arrays(parts.load(name, block.index)) if counting else None
+    if parts.done(name, unit.key):
+        return cv.BlockValues.from_arrays(parts.load(name, unit.key)) if counting else None
     buckets = int(inputs.rule.buckets or 0)
     dense, ids, label, skipped = [], [], [], 0
     try:
-        for rows in cb.block_pieces(block.path, block.start, block.end, names[block.path],
-                                    inputs.skip_bad):  # each piece made small at once
+        for rows in cb.block_pieces(unit.path, unit.start, unit.end, unit.name,
+                                    inputs.skip_bad, unit.first_line):  # each made small
             dense.append(cr.dense_features(rows.counts))
             ids.append(rows.values if vocab else cr.hashed_ids(rows.values, buckets))
             label.append(rows.label)
             skipped += rows.skipped
     except OSError as exc:  # reading (saving the part below is not bad input)
-        raise cr.CriteoError(f"{names[block.path]}: cannot be read: {exc}") from None
+        raise cr.CriteoError(f"{unit.name}: cannot be read: {exc}") from None
     arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
               "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
-    if not vocab:
-        parts.save(name, block.index, **arrays, sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
-        return None
-    values = cv.BlockValues.encode(_join(ids, (cr.CATEGORICAL,), np.int64))
-    parts.save(name, block.index, **arrays, **values.arrays())
+    values = None
+    if vocab:
+        values = cv.BlockValues.encode(_join(ids, (cr.CATEGORICAL,), np.int64))
+        parts.save(name, unit.key, **arrays, **values.arrays())
+    else:
+        parts.save(name, unit.key, **arrays, sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
+    if unit.first_line is not None and os.path.exists(unit.path):
+        os.remove(unit.path)  # a chunk, parsed
     return values if counting else None
 
 
@@ -215,21 +295,20 @@ def _join(pieces: list[np.ndarray], tail: tuple[int, ...], dtype: Any) -> np.nda
 # -- the vocabulary ---------------------------------------------------------------------
 
 
-def vocabulary(plans: dict[str, list[Block]], names: dict[str, str], inputs: Inputs,
-               parts: Parts, progress: Any, comm: Any) -> cv.Shard:
-    """Collective: parse both splits, counting the training values on their owners, and
-    this rank's vocabulary shard (kept in the work folder; one counted by as many ranks
-    before is read back instead)."""
+def vocabulary(inputs: Inputs, parts: Parts, progress: Any, comm: Any
+               ) -> tuple[dict[str, list[int]], cv.Shard]:
+    """Collective: parse both splits, counting the training values on their owners; the
+    block keys of each split and this rank's vocabulary shard (kept in the work folder; one
+    counted by as many ranks before is read back instead)."""
     shard_path = parts.path(f"vocab-{comm.rank}-of-{comm.size}.npz")
     state = parts.load_state("vocabulary")
     counted = state is not None and state.get("ranks") == comm.size
     owned = None if counted else cv.OwnedCounts(int(inputs.rule.min_count or 1))
-    for split in SPLITS:
-        parse_split(split, plans[split], names, inputs, parts,
-                    owned if split == "train" else None, progress, comm)
+    keys = {split: parse_split(split, inputs, parts, owned if split == "train" else None,
+                               progress, comm) for split in SPLITS}
     if counted:
         with np.load(shard_path) as saved:
-            return cv.Shard.from_arrays(saved)
+            return keys, cv.Shard.from_arrays(saved)
     shard = cv.make_shard(comm, owned)  # type: ignore[arg-type]
     tmp = f"{shard_path}.tmp-{uuid.uuid4().hex[:8]}.npz"
     np.savez(tmp, **shard.arrays())
@@ -237,22 +316,23 @@ def vocabulary(plans: dict[str, list[Block]], names: dict[str, str], inputs: Inp
     comm.Barrier()  # every shard saved before the state says so
     if comm.rank == 0:
         parts.save_state("vocabulary", {"ranks": comm.size})
-    return shard
+    return keys, shard
 
 
-def map_split(split: str, n_blocks: int, shard: cv.Shard, parts: Parts, comm: Any) -> None:
+def map_split(split: str, blocks: Numbered, shard: cv.Shard, comm: Any) -> None:
     """Collective: each of this rank's raw parts of `split` saved again with the ids its
     values have in the vocabulary (asked of the owners, one round of blocks at a time)."""
+    n_blocks = len(blocks)
     mine = rank_blocks(n_blocks, comm.rank, comm.size)
     rounds = max(len(rank_blocks(n_blocks, r, comm.size)) for r in range(comm.size))
     for k in range(rounds):
-        index = mine[k] if k < len(mine) and not parts.done(split, mine[k]) else None
-        raw = parts.load(f"{split}-raw", index) if index is not None else None
+        index = mine[k] if k < len(mine) and not blocks.done(split, mine[k]) else None
+        raw = blocks.load(f"{split}-raw", index) if index is not None else None
         # collective: the values' ids asked of their owners, and their questions answered
         ids = cv.ask_ids(comm, cv.BlockValues.from_arrays(raw) if raw else None, shard)
         if raw is not None:
-            parts.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
-                       skipped=raw["skipped"])
+            blocks.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
+                        skipped=raw["skipped"])
 
 
 # -- writing ----------------------------------------------------------------------------
@@ -274,19 +354,19 @@ def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skippe
             "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()}
 
 
-def split_totals(split: str, n_blocks: int, parts: Parts, comm: Any) -> tuple[int, int, int]:
+def split_totals(split: str, blocks: Numbered, comm: Any) -> tuple[int, int, int]:
     """Collective: (rows, clicks, bad lines skipped) of every rank's parts of `split`."""
     rows = clicks = skipped = 0
-    for i in rank_blocks(n_blocks, comm.rank, comm.size):
-        part = parts.load(split, i)
+    for i in rank_blocks(len(blocks), comm.rank, comm.size):
+        part = blocks.load(split, i)
         rows += len(part["label"])
         clicks += int(np.sum(part["label"], dtype=np.int64))
         skipped += int(part["skipped"][0])
     return tuple(prep_run.allreduce(comm, x) for x in (rows, clicks, skipped))  # type: ignore
 
 
-def write_split(out: str, split: str, n_blocks: int, totals: tuple[int, int, int],
-                sizes: Sequence[int], inputs: Inputs, parts: Parts, comm: Any) -> str:
+def write_split(out: str, split: str, blocks: Numbered, totals: tuple[int, int, int],
+                sizes: Sequence[int], inputs: Inputs, comm: Any) -> str:
     """Collective: OUT/SPLIT.h5 from every rank's parts, in block order; its path."""
     n, clicks, skipped = totals
     chunk = samples.chunk_rows(ROW_BYTES, n)
@@ -302,7 +382,7 @@ def write_split(out: str, split: str, n_blocks: int, totals: tuple[int, int, int
         return dsets
 
     final = os.path.join(out, f"{split}.h5")
-    prep_run.write_parts(final, parts, split, rank_blocks(n_blocks, comm.rank, comm.size),
+    prep_run.write_parts(final, blocks, split, rank_blocks(len(blocks), comm.rank, comm.size),
                          datasets, comm, SLAB_ROWS)
     return final
 
@@ -310,32 +390,29 @@ def write_split(out: str, split: str, n_blocks: int, totals: tuple[int, int, int
 def write(args: argparse.Namespace, inputs: Inputs, comm: Any) -> list[str]:
     """Collective: parse, agree, make the ids and write both splits; the paths written."""
     with Parts(args.out, RECIPE, inputs.fingerprint(), comm, args.resume) as parts:
-        plain = plain_files(inputs, parts, comm)
-        names = {path: name for split in SPLITS for path, name in plain[split]}
-        plans = {s: plan_blocks([(p, os.path.getsize(p)) for p, _ in plain[s]],
-                                inputs.block_bytes) for s in SPLITS}
-        total = sum(b.nbytes for s in SPLITS for b in plans[s])
-        progress = prep_run.Progress(comm, "parsing", total, "B", prog=PROG)
+        total = sum(os.path.getsize(p) for split in SPLITS for p in inputs.files[split])
+        progress = prep_run.Progress(comm, "reading", total, "B", prog=PROG)
         try:
             if inputs.rule.buckets is not None:
                 sizes = [inputs.rule.buckets] * cr.CATEGORICAL
-                for split in SPLITS:
-                    parse_split(split, plans[split], names, inputs, parts, None, progress, comm)
+                keys = {split: parse_split(split, inputs, parts, None, progress, comm)
+                        for split in SPLITS}
             else:
-                shard = vocabulary(plans, names, inputs, parts, progress, comm)
+                keys, shard = vocabulary(inputs, parts, progress, comm)
                 sizes = list(shard.table_sizes)
         finally:
             progress.close()
+        blocks = {split: Numbered(parts, keys[split]) for split in SPLITS}
         if inputs.rule.buckets is None:
             for split in SPLITS:
-                map_split(split, len(plans[split]), shard, parts, comm)
-        totals = {s: split_totals(s, len(plans[s]), parts, comm) for s in SPLITS}
+                map_split(split, blocks[split], shard, comm)
+        totals = {s: split_totals(s, blocks[s], comm) for s in SPLITS}
         for split in SPLITS:  # before any file is written
             if totals[split][0] == 0:
                 raise CriteoPrepError(f"{OPTION[split]}: no rows "
                                       f"({', '.join(inputs.files[split])})")
-        return [write_split(args.out, split, len(plans[split]), totals[split], sizes, inputs,
-                            parts, comm) for split in SPLITS]
+        return [write_split(args.out, split, blocks[split], totals[split], sizes, inputs, comm)
+                for split in SPLITS]
 
 
 # -- command line ---------------------------------------------------------------------

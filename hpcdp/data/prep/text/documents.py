@@ -28,17 +28,15 @@ neither a gzip stream nor a dictionary-encoded column can expand without bound.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 import sys
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hpcdp.data.prep import bounded
+from hpcdp.data.prep import bounded, inflate
 from hpcdp.data.prep.text.writer import TokenPrepError
 
 TEXT, JSONL, JSONL_GZ, PARQUET = "text", "jsonl", "jsonl.gz", "parquet"
@@ -164,7 +162,7 @@ def gzip_texts(path: str, field: str, limits: Limits = DEFAULT_LIMITS) -> Iterat
     lineno, total = 0, 0
     budget = limits.budget(os.path.getsize(path))
     try:
-        with gzip.open(path, "rb") as fh:
+        with inflate.open_gzip(path) as fh:
             for lineno, raw in enumerate(bounded.lines(fh, limits.record_bytes), 1):
                 where = f"{bounded.shown(path)}: line {lineno}"
                 line = raw.rstrip(b"\r")
@@ -175,7 +173,7 @@ def gzip_texts(path: str, field: str, limits: Limits = DEFAULT_LIMITS) -> Iterat
                 text = record_text(line, field, where)
                 if text:
                     yield text
-    except (OSError, EOFError, zlib.error) as exc:
+    except (OSError, *inflate.ERRORS) as exc:
         raise TokenPrepError(f"{bounded.shown(path)}: cannot be decompressed after line "
                              f"{lineno}: {exc}") from None
 
