@@ -1,9 +1,11 @@
-"""hpcdp doctor names a torch or Pillow below the floors hpcdp's guarantees need."""
+"""hpcdp doctor names a torch or Pillow below the floors hpcdp's guarantees need, and the gzip
+reader preparation uses."""
 
 from __future__ import annotations
 
 import pytest
 
+from hpcdp import doctor
 from hpcdp.doctor import FAIL, OK, floor_check, version_tuple
 
 
@@ -27,3 +29,13 @@ def test_a_version_below_its_floor_fails_naming_why(name, version, status) -> No
     if status == FAIL:
         assert version in check.detail and ">=" in check.detail
         assert ("CVE-2025-32434" if name == "pytorch" else "decoder") in check.detail
+
+
+def test_the_gzip_reader_in_use_is_named_and_zlib_is_a_warning(monkeypatch) -> None:
+    from hpcdp.data.prep import inflate
+
+    monkeypatch.setattr(inflate, "LIBRARY", "isal 1.9.1 (ISA-L)")
+    assert doctor.check_inflate()[0].status == doctor.OK
+    monkeypatch.setattr(inflate, "LIBRARY", "zlib 1.3 (standard library)")
+    (check,) = doctor.check_inflate()
+    assert check.status == doctor.WARN and "pip install isal" in check.detail
