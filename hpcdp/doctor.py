@@ -342,8 +342,8 @@ def check_srun_mpi(timeout: float = 20.0) -> list[Check]:
 
 
 def stack_checks() -> list[Check]:
-    return (check_torch() + check_pillow() + check_inflate() + check_horovod() + check_mpi() + check_hdf5()
-            + check_slurm() + check_srun_mpi())
+    return (check_torch() + check_pillow() + check_inflate() + check_horovod() + check_mpi()
+            + check_hdf5() + check_slurm() + check_srun_mpi())
 
 
 @dataclass(frozen=True)
