@@ -9,6 +9,8 @@ by rank 0); the wall time with the launcher's start-up is shown beside it.
 (`hpcdp.bench.prep_criteo`; its own options follow).
 ``--memory``: peak memory per rank of the text and image recipes at a small and a
 large generated input (`hpcdp.bench.prep_memory`; its own options follow).
+``--rates``: rows (tokens, images) and MB per second per core of every recipe on 1 and 2
+ranks, with the Criteo Terabyte projection (`hpcdp.bench.prep_rates`; its own options).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common, prep_criteo, prep_memory
+from hpcdp.bench import common, prep_criteo, prep_memory, prep_rates
 from hpcdp.bench.reader import result_path
 from hpcdp.cliargs import parse_args
 from hpcdp.runtime.launcher import run_ranks
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return prep_criteo.main([a for a in argv if a != "--criteo"])
     if "--memory" in argv:  # peak memory per rank at two input sizes: its own module
         return prep_memory.main([a for a in argv if a != "--memory"])
+    if "--rates" in argv:  # every recipe's rate per core, and the Terabyte projection
+        return prep_rates.main([a for a in argv if a != "--rates"])
     p = argparse.ArgumentParser(prog="hpcdp bench prep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100_000)
