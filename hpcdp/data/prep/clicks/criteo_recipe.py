@@ -196,9 +196,9 @@ def parse_split(split: str, inputs: Inputs, parts: Parts, owned: cv.OwnedCounts 
         if job == cs.PARSE:
             values, report.error = _parse(split, units[arg], inputs, parts, owned is not None)
             progress.advance(units[arg].input_bytes)
-        elif job == cs.INFLATE:  # as many blocks as fit in a round of parsing (at least one)
+        elif job == cs.INFLATE:  # as many blocks as fit in the last round (at least one)
             report = _inflate(split, arg, inputs, parts, inflaters, progress,
-                              began + 0.9 * last_round)
+                              began + last_round)
         reports = comm.allgather(report)  # collective: every rank's news of this round
         last_round = time.monotonic() - began
         for got in reports:
@@ -230,14 +230,16 @@ def _parse(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: bool
 def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
              inflaters: dict[int, cb.Inflater], progress: Any, until: float) -> Round:
     """The next blocks of gzip file `pos` inflated into chunk files (a block whose part is
-    done already: only counted), until time `until` (monotonic) or the file's end; at its
-    end, the file's chunks saved as state, for a resumed run."""
+    done already: only counted): one, and more while another would end nearer to time
+    `until` (monotonic) than now is, up to the file's end; at its end, the file's chunks
+    saved as state, for a resumed run."""
     path = inputs.files[split][pos]
     inflater = inflaters.setdefault(pos, cb.Inflater(path, inputs.block_bytes))
     part = f"{split}-raw" if inputs.rule.buckets is None else split
     report = Round(units=[])
-    while not inflater.finished and (not report.units or time.monotonic() < until):
-        k, before = inflater.chunks, inflater.consumed
+    took = 0.0  # seconds the last block took
+    while not inflater.finished and (not report.units or time.monotonic() + took / 2 <= until):
+        k, before, began = inflater.chunks, inflater.consumed, time.monotonic()
         key = cs.key(pos, k)
         target = chunk_path(parts, split, pos, k)
         try:
@@ -249,6 +251,7 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
         if chunk is None:
             break
         report.units.append(Unit(key, target, 0, chunk[1], path, chunk[0]))  # type: ignore
+        took = time.monotonic() - began
     if inflater.finished:
         parts.save_state(f"gzip-{split}-{pos:05d}", {"chunks": inflater.made})
         report.finished = pos
@@ -278,8 +281,11 @@ def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: 
     arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
               "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
     values = None
-    if vocab:
-        values = cv.BlockValues.encode(_join(ids, (cr.CATEGORICAL,), np.int64))
+    if vocab:  # the values field by field, the pieces let go before they are encoded
+        by_field = np.concatenate([v.T for v in ids], axis=1) if ids else np.zeros(
+            (cr.CATEGORICAL, 0), np.int64)
+        ids.clear()
+        values = cv.BlockValues.encode(by_field)
         parts.save(name, unit.key, **arrays, **values.arrays())
     else:
         parts.save(name, unit.key, **arrays, sparse=_join(ids, (cr.CATEGORICAL,), np.int32))

@@ -57,9 +57,9 @@ class BlockValues:
     offsets: np.ndarray  # (fields + 1,) int64: field j's at [offsets[j], offsets[j + 1])
 
     @staticmethod
-    def encode(values: np.ndarray) -> BlockValues:
-        """The (n, fields) raw values (`criteo.EMPTY` for an empty field) encoded."""
-        by_field = np.ascontiguousarray(values.T)  # each field's values together
+    def encode(by_field: np.ndarray) -> BlockValues:
+        """The (fields, n) raw values, field by field (`criteo.EMPTY` for an empty field),
+        encoded."""
         codes = np.full(by_field.shape, -1, np.int32)
         distinct, counts = [], []
         for j, column in enumerate(by_field):
@@ -102,7 +102,7 @@ class BlockValues:
 def block_counts(values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per field: the distinct non-empty values of a block (increasing) and how often each
     occurs."""
-    block = BlockValues.encode(values)
+    block = BlockValues.encode(np.ascontiguousarray(values.T))
     return [block.field(j) for j in range(block.fields)]
 
 
