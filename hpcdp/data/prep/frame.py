@@ -120,6 +120,17 @@ def raise_agreed(comm: Any, error: str | None, kind: type[PrepError] = PrepError
         raise kind(error)
 
 
+def wait_quietly(comm: Any, poll_seconds: float = 0.05) -> None:
+    """Collective: a barrier that sleeps between polls instead of spinning: for ranks
+    waiting while one rank works on all of its node's cores (a library's threads), which
+    an MPI barrier's busy polling would take a core from."""
+    if comm.size == 1:
+        return
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll_seconds)
+
+
 def say(comm: Any, prog: str, message: str) -> None:
     """`message` on stderr, prefixed by the rank when there are several."""
     prefix = f"[rank {comm.rank}] " if comm.size > 1 else ""

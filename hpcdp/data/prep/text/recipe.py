@@ -92,6 +92,7 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
         except tz.TokenizerError as exc:
             error = str(exc)
     del sample
+    prep_run.wait_quietly(comm)  # the others sleep while rank 0 trains on every core
     text, error = comm.bcast((text, error), root=0)
     if error:
         raise tw.TokenPrepError(error)
