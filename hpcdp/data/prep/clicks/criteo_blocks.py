@@ -120,7 +120,8 @@ class Inflater:
         self.read_lines = 0  # lines decompressed so far
         self.first_line = 1  # the number of the first line in `held`
         self.counted = 0  # bytes counted against the budget
-        self.made: list[tuple[int, int]] = []  # (first line, bytes) of each chunk made
+        self.made: list[tuple[int, int, int]] = []  # each chunk's (first line, bytes,
+        # bytes of the gzip file read to make it)
         self.consumed = 0  # bytes of the gzip file read so far
         self.eof = False
 
@@ -134,10 +135,12 @@ class Inflater:
         """Every line read and handed out in a chunk."""
         return self.eof and not self.held
 
-    def next_chunk(self, target: str | None) -> tuple[int, int] | None:
-        """The next chunk's (number of its first line, bytes) with its lines written to
-        `target` (under a temporary name renamed into place; None: only counted, its part
-        being done already), or None after the last chunk."""
+    def next_chunk(self, target: str | None) -> tuple[int, int, int] | None:
+        """The next chunk's (number of its first line, bytes, bytes of the gzip file read
+        to make it) with its lines written to `target` (under a temporary name renamed into
+        place; None: only counted, its part being done already), or None after the last
+        chunk."""
+        consumed = self.consumed
         while not self.eof and (len(self.held) <= self.block_bytes
                                 or self.held.find(b"\n", self.block_bytes - 1) < 0):
             self._read()
@@ -153,8 +156,8 @@ class Inflater:
         first = self.first_line
         self.first_line = self.read_lines - self.held.count(b"\n", cut) + 1  # the next's
         del self.held[:cut]
-        self.made.append((first, cut))
-        return first, cut
+        self.made.append((first, cut, self.consumed - consumed))
+        return self.made[-1]
 
     def _read(self) -> None:
         try:

@@ -141,7 +141,7 @@ class Unit:
     end: int
     name: str  # the file the user gave
     first_line: int | None = None  # a chunk's first line; None: counted in the file
-    input_bytes: int = 0  # of the user's file, for the progress (a chunk's: counted inflating)
+    input_bytes: int = 0  # of the user's file (a chunk's: of the gzip file), for the progress
 
 
 def chunk_path(parts: Parts, split: str, pos: int, k: int) -> str:
@@ -159,9 +159,10 @@ def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Uni
             if state is None:
                 inflate.append(pos)
                 continue
-            for k, (first, nbytes) in enumerate(state["chunks"]):
+            for k, (first, nbytes, read) in enumerate(state["chunks"]):
                 key = cs.key(pos, k)
-                units[key] = Unit(key, chunk_path(parts, split, pos, k), 0, nbytes, path, first)
+                units[key] = Unit(key, chunk_path(parts, split, pos, k), 0, nbytes, path, first,
+                                  read)
             continue
         for block in plan_blocks([(path, os.path.getsize(path))], inputs.block_bytes):
             key = cs.key(pos, block.index)
@@ -245,12 +246,13 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
         try:
             chunk = inflater.next_chunk(None if parts.done(part, key) else target)
         except cr.CriteoError as exc:
-            return Round(units=report.units, error=(key, str(exc)), finished=pos)
-        finally:
             progress.advance(inflater.consumed - before)
-        if chunk is None:
+            return Round(units=report.units, error=(key, str(exc)), finished=pos)
+        if chunk is None:  # the end of the stream after the last chunk: counted here
+            progress.advance(inflater.consumed - before)
             break
-        report.units.append(Unit(key, target, 0, chunk[1], path, chunk[0]))  # type: ignore
+        first, nbytes, read = chunk
+        report.units.append(Unit(key, target, 0, nbytes, path, first, read))  # type: ignore
         took = time.monotonic() - began
     if inflater.finished:
         parts.save_state(f"gzip-{split}-{pos:05d}", {"chunks": inflater.made})
