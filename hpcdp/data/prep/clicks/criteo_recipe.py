@@ -235,7 +235,9 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
     `until` (monotonic) than now is, up to the file's end; at its end, the file's chunks
     saved as state, for a resumed run."""
     path = inputs.files[split][pos]
-    inflater = inflaters.setdefault(pos, cb.Inflater(path, inputs.block_bytes))
+    if pos not in inflaters:
+        inflaters[pos] = cb.Inflater(path, inputs.block_bytes)
+    inflater = inflaters[pos]
     part = f"{split}-raw" if inputs.rule.buckets is None else split
     report = Round(units=[])
     took = 0.0  # seconds the last block took
