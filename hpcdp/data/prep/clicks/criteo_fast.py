@@ -63,9 +63,10 @@ def fast_rows(buf: bytes) -> cr.Rows | None:
     starts.reshape(-1)[1:] = sep.reshape(-1)[:-1] + 1
     lengths = sep - starts
     label = _label(a, starts[:, 0], lengths[:, 0])
+    padded = a.tobytes() + bytes(WORD)  # room for a word from the last byte
     dense = slice(1, 1 + cr.DENSE)
-    counts = _counts(a, starts[:, dense].ravel(), lengths[:, dense].ravel())
-    values = _values(a, starts[:, 1 + cr.DENSE :], lengths[:, 1 + cr.DENSE :])
+    counts = _counts(a, padded, starts[:, dense].ravel(), lengths[:, dense].ravel())
+    values = _values(padded, starts[:, 1 + cr.DENSE :], lengths[:, 1 + cr.DENSE :])
     if label is None or counts is None or values is None:
         return None
     return cr.Rows(label, counts.reshape(n, cr.DENSE), values)
@@ -78,12 +79,13 @@ def _label(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray
     return (first == 49).astype(np.uint8)
 
 
-def _digit_words(a: np.ndarray, table: bytes, starts: np.ndarray, lengths: np.ndarray
+def _digit_words(padded: bytes, table: bytes, starts: np.ndarray, lengths: np.ndarray
                  ) -> np.ndarray | None:
-    """Each field (at most 8 characters) as a word of its digits (`table`), most significant
-    first, after leading zeros; None if a character is not a digit."""
-    digits = (a.tobytes() + bytes(WORD)).translate(table)  # room for a word from the last byte
-    at = np.ndarray((len(a),), np.dtype("<u8"), digits, 0, (1,))  # the word of bytes i..i+7
+    """Each field (at most 8 characters) of `padded` (the buffer and `WORD` zero bytes) as a
+    word of its digits (`table`), most significant first, after leading zeros; None if a
+    character is not a digit."""
+    digits = padded.translate(table)
+    at = np.ndarray((len(digits) - WORD,), np.dtype("<u8"), digits, 0, (1,))  # bytes i..i+7
     # a shift by 64 (an empty field) gives 0 in NumPy
     words = at[starts] << ((WORD - lengths) * 8).astype(np.uint64)
     return None if (words & NOT_DIGIT).any() else words
@@ -97,11 +99,11 @@ def _join(words: np.ndarray, base: int) -> np.ndarray:
     return v.astype(np.int64)
 
 
-def _values(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+def _values(padded: bytes, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
     """Empty as `criteo.EMPTY`, else up to 8 hexadecimal digits (any case)."""
     if (lengths > WORD).any():
         return None
-    words = _digit_words(a, NIBBLE_BYTES, starts.ravel(), lengths.ravel())
+    words = _digit_words(padded, NIBBLE_BYTES, starts.ravel(), lengths.ravel())
     if words is None:
         return None
     value = _join(words, 16).reshape(lengths.shape)
@@ -109,14 +111,16 @@ def _values(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarra
     return value
 
 
-def _counts(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+def _counts(a: np.ndarray, padded: bytes, starts: np.ndarray, lengths: np.ndarray
+            ) -> np.ndarray | None:
     """Empty as 0, else an optional '-' and 1 to 18 decimal digits."""
     negative = (lengths > 0) & (a[starts] == ord("-"))
     digits = lengths - negative
     if ((lengths > 0) & ((digits < 1) | (digits > MAX_COUNT_DIGITS))).any():
         return None
     short = digits <= WORD
-    words = _digit_words(a, DECIMAL_BYTES, starts[short] + negative[short], digits[short])
+    words = _digit_words(padded, DECIMAL_BYTES, starts[short] + negative[short],
+                         digits[short])
     if words is None:
         return None
     value = np.zeros(len(starts), np.int64)
