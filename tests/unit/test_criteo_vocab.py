@@ -30,8 +30,9 @@ def test_owned_counts_merge_pieces_and_stop_at_the_cap(monkeypatch) -> None:
     values = rng.zipf(1.3, (5000, 2)) % 700
     owned = cv.OwnedCounts(cap=4, fields=2)
     for piece in np.array_split(values, 37):
-        for j, (vals, nums) in enumerate(cv.block_counts(piece)):
-            owned.add(j, vals, nums)
+        block = cv.BlockValues.encode(piece.T.copy())
+        for j in range(block.fields):
+            owned.add(j, *block.field(j))
     for j in range(2):
         want_vals, want_nums = np.unique(values[:, j], return_counts=True)
         vals, nums = owned.counts(j)

@@ -243,8 +243,5 @@ class Numbered:
     def load(self, split: str, index: int) -> dict[str, np.ndarray]:
         return self.parts.load(split, self.keys[index])
 
-    def rows(self, split: str, index: int) -> int:
-        return self.parts.rows(split, self.keys[index])
-
     def lengths(self, split: str, index: int) -> dict[str, int]:
         return self.parts.lengths(split, self.keys[index])

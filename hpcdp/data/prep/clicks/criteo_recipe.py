@@ -42,7 +42,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,16 @@ def chunk_path(parts: Parts, split: str, pos: int, k: int) -> str:
     return parts.path(f"{split}-{pos:05d}-{k:010d}.txt")
 
 
+def gzip_state(split: str, pos: int) -> str:
+    """The state naming the chunks of a gzip file inflated to its end."""
+    return f"gzip-{split}-{pos:05d}"
+
+
+def parsed_part(split: str, inputs: Inputs) -> str:
+    """The parts a block is parsed into: final with hashed ids, raw with a vocabulary."""
+    return f"{split}-raw" if inputs.rule.buckets is None else split
+
+
 def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Unit], list[int]]:
     """The blocks of `split` known before reading (plain files cut into blocks, gzip files an
     earlier run inflated whole), and the positions of the gzip files left to inflate."""
@@ -155,7 +165,7 @@ def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Uni
     inflate: list[int] = []
     for pos, path in enumerate(inputs.files[split]):
         if cr.is_gzip(path):
-            state = parts.load_state(f"gzip-{split}-{pos:05d}")
+            state = parts.load_state(gzip_state(split, pos))
             if state is None:
                 inflate.append(pos)
                 continue
@@ -175,7 +185,7 @@ class Round:
     """What a rank reports after its work of a round."""
 
     error: tuple[int, str] | None = None  # (block key, message) of a bad line or stream
-    units: list[Unit] | None = None  # blocks inflated
+    units: list[Unit] = field(default_factory=list)  # blocks inflated
     finished: int | None = None  # the gzip file inflated to its end
 
 
@@ -203,8 +213,8 @@ def parse_split(split: str, inputs: Inputs, parts: Parts, owned: cv.OwnedCounts 
         reports = comm.allgather(report)  # collective: every rank's news of this round
         last_round = time.monotonic() - began
         for got in reports:
-            schedule.add(unit.key for unit in got.units or [])
-            units.update((unit.key, unit) for unit in got.units or [])
+            schedule.add(unit.key for unit in got.units)
+            units.update((unit.key, unit) for unit in got.units)
             if got.finished is not None:
                 schedule.done_inflating(got.finished)
         known = [r.error for r in reports if r.error] + ([first] if first else [])
@@ -238,8 +248,8 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
     if pos not in inflaters:
         inflaters[pos] = cb.Inflater(path, inputs.block_bytes)
     inflater = inflaters[pos]
-    part = f"{split}-raw" if inputs.rule.buckets is None else split
-    report = Round(units=[])
+    part = parsed_part(split, inputs)
+    report = Round()
     took = 0.0  # seconds the last block took
     while not inflater.finished and (not report.units or time.monotonic() + took / 2 <= until):
         k, before, began = inflater.chunks, inflater.consumed, time.monotonic()
@@ -254,10 +264,10 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
             progress.advance(inflater.consumed - before)
             break
         first, nbytes, read = chunk
-        report.units.append(Unit(key, target, 0, nbytes, path, first, read))  # type: ignore
+        report.units.append(Unit(key, target, 0, nbytes, path, first, read))
         took = time.monotonic() - began
     if inflater.finished:
-        parts.save_state(f"gzip-{split}-{pos:05d}", {"chunks": inflater.made})
+        parts.save_state(gzip_state(split, pos), {"chunks": inflater.made})
         report.finished = pos
     return report
 
@@ -268,7 +278,7 @@ def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: 
     values encoded (`criteo_vocab.BlockValues`), ``split-raw``); those values when
     `counting` (from the part if there). A chunk file goes once its part is saved."""
     vocab = inputs.rule.buckets is None
-    name = f"{split}-raw" if vocab else split
+    name = parsed_part(split, inputs)
     if parts.done(name, unit.key):
         return cv.BlockValues.from_arrays(parts.load(name, unit.key)) if counting else None
     buckets = int(inputs.rule.buckets or 0)

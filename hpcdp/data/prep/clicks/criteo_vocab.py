@@ -99,13 +99,6 @@ class BlockValues:
                                                           "offsets")))
 
 
-def block_counts(values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per field: the distinct non-empty values of a block (increasing) and how often each
-    occurs."""
-    block = BlockValues.encode(np.ascontiguousarray(values.T))
-    return [block.field(j) for j in range(block.fields)]
-
-
 class OwnedCounts:
     """Per field, the counts of the values this rank owns: one sorted run of distinct values
     and the pieces received since it was last merged. Only whether a value reaches `cap`
