@@ -70,8 +70,9 @@ def peaks(out_dir: str | os.PathLike[str]) -> list[int]:
 
 
 def run_measured(recipe: str, args: Sequence[str], np: int, timeout: float,
-                 work: Path) -> tuple[list[int], float]:
-    """One recipe run on `np` ranks: each rank's peak in KiB, and the wall seconds."""
+                 work: Path) -> tuple[list[int], float, str]:
+    """One recipe run on `np` ranks: each rank's peak in KiB, the wall seconds, and what the
+    ranks printed."""
     out = Path(tempfile.mkdtemp(prefix="rss-", dir=work))
     argv = [sys.executable, "-m", "hpcdp.bench.prep_memory", "--measured", str(out),
             str(REPO / "datasets" / f"{recipe}.py"), *args]
@@ -79,7 +80,7 @@ def run_measured(recipe: str, args: Sequence[str], np: int, timeout: float,
     run = run_ranks(argv, np=np, timeout=timeout, env={"PYTHONPATH": common.pythonpath()})
     if not run.ok:
         raise common.BenchError(f"{recipe} failed:\n{run.describe()[-4000:]}")
-    return peaks(out), time.monotonic() - start
+    return peaks(out), time.monotonic() - start, run.output
 
 
 def cases(args: argparse.Namespace) -> list[tuple[str, str, list[str], int]]:
@@ -152,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for case, recipe, options, size in cases(args):
         with tempfile.TemporaryDirectory(dir=args.work) as out:
-            ranks, seconds = run_measured(recipe, [*options, "--out", out], args.np,
+            ranks, seconds, _ = run_measured(recipe, [*options, "--out", out], args.np,
                                           args.timeout, args.work)
         rows.append({"case": case, "input": size, "peak_kib": ranks, "seconds": seconds})
         print(f"{case} at {size}: peak per rank {[round(k / 1024) for k in ranks]} MiB, "

@@ -38,7 +38,6 @@ from typing import Any
 
 from hpcdp.bench import common, prep_memory
 from hpcdp.cliargs import parse_args
-from hpcdp.runtime.launcher import run_ranks
 
 MIB = 1 << 20
 #: The Criteo Terabyte release: about 4.37 billion rows in 24 day files, gzipped.
@@ -96,27 +95,18 @@ def items(out: Path, unit: str) -> int:
 
 
 def run_case(case: Case, np: int, work: Path, timeout: float) -> dict[str, Any]:
-    out = Path(tempfile.mkdtemp(prefix="out-", dir=work))
-    rss = Path(tempfile.mkdtemp(prefix="rss-", dir=work))
-    argv = [sys.executable, "-m", "hpcdp.bench.prep_memory", "--measured", str(rss),
-            str(prep_memory.REPO / "datasets" / f"{case.recipe}.py"), *case.args,
-            "--out", str(out)]
-    try:
-        run = run_ranks(argv, np=np, timeout=timeout, env={"PYTHONPATH": common.pythonpath()})
-        if not run.ok:
-            raise common.BenchError(f"{case.name} failed:\n{run.describe()[-4000:]}")
-        seconds = float(re.findall(r"([0-9.]+) s on \d+ rank\(s\)", run.output)[-1])
+    with tempfile.TemporaryDirectory(prefix="rates-", dir=work) as tmp:
+        out = Path(tmp) / "out"
+        peaks, wall, printed = prep_memory.run_measured(
+            case.recipe, [*case.args, "--out", str(out)], np, timeout, Path(tmp))
+        seconds = float(re.findall(r"([0-9.]+) s on \d+ rank\(s\)", printed)[-1])
         count = items(out, case.unit)
-        peaks = prep_memory.peaks(rss)
         tokenizer = out / "tokenizer.json"
         made = hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:16] \
             if tokenizer.exists() else None
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(rss, ignore_errors=True)
     nbytes = sum(os.path.getsize(p) for p in case.inputs)
     return {"case": case.name, "ranks": np, "seconds": seconds, "items": count,
-            "unit": case.unit, "input_bytes": nbytes, "wall_seconds": run.seconds,
+            "unit": case.unit, "input_bytes": nbytes, "wall_seconds": wall,
             "per_core": count / seconds / np, "mb_per_s_per_core": nbytes / 1e6 / seconds / np,
             "peak_mib_per_rank": [k / 1024 for k in peaks], "tokenizer_sha256": made}
 
