@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 
@@ -194,6 +195,16 @@ def test_bad_options(tmp_path: Path, capsys, monkeypatch, named: dict[str, str],
     files = {"--files": train[0], "--val-files": val[0], **named}
     assert cp.main([*(x for kv in files.items() for x in kv), "--out", "out", *rule]) == 2
     assert problem in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["pipe.txt", "pipe.gz"])
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path: Path, capsys, name: str) -> None:
+    _, val = logs(tmp_path / "logs")
+    os.mkfifo(tmp_path / name)  # with no writer, opening it would block
+    assert cp.main(["--files", str(tmp_path / name), "--val-files", *val, "--out",
+                    str(tmp_path / "out"), "--buckets", "5"]) == 2
+    assert f"{tmp_path / name}: not a regular file" in capsys.readouterr().err
 
 
 def test_a_file_in_both_splits_and_an_existing_output(tmp_path: Path, capsys) -> None:

@@ -106,7 +106,8 @@ class Inputs:
 
 def expand(patterns: Sequence[str], option: str) -> list[str]:
     """The files named: each pattern's matches sorted, in the order given; a pattern that
-    matches nothing, a folder or a file named twice is an error."""
+    matches nothing, a folder, anything but a regular file or a file named twice is an
+    error."""
     paths: list[str] = []
     for pattern in patterns:
         if glob.has_magic(pattern):
@@ -117,6 +118,9 @@ def expand(patterns: Sequence[str], option: str) -> list[str]:
             raise CriteoPrepError(f"{option} {pattern}: is a folder, not a click log")
         elif not os.path.exists(pattern):
             raise CriteoPrepError(f"{option} {pattern}: no such file")
+        elif not os.path.isfile(pattern):  # reading a FIFO would block, a device never end
+            raise CriteoPrepError(f"{option} {pattern}: not a regular file (a FIFO, device "
+                                  "or socket); refused")
         else:
             hits = [pattern]
         paths += hits
