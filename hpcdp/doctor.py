@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpcdp.cliargs import parse_args
+from hpcdp.data.prep import inflate
 from hpcdp.runtime import hvd_build, hvd_settings
 from hpcdp.runtime.cpus import format_cpu_list
 from hpcdp.runtime.placement import (
@@ -109,8 +110,6 @@ def check_pillow() -> list[Check]:
 
 def check_inflate() -> list[Check]:
     """Which gzip reader preparing gzipped logs uses: ISA-L's is about 3x zlib's."""
-    from hpcdp.data.prep import inflate
-
     if inflate.LIBRARY.startswith("isal"):
         return [Check(OK, "gzip", inflate.LIBRARY)]
     return [Check(WARN, "gzip", f"{inflate.LIBRARY}: gzipped logs inflate about 3x slower "
