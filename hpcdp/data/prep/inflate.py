@@ -5,7 +5,8 @@ Inflating is the one step of preparing a gzipped log that cannot be shared betwe
 ranks (a gzip stream cannot be entered midway), so its speed bounds how many ranks one
 file keeps busy. ISA-L's inflate reads the same streams, multi-member files included,
 about three times as fast as zlib on x86-64 (docs/data-criteo.md). Both raise the errors
-in `ERRORS` for a damaged or truncated stream. `LIBRARY` names the one in use (`hpcdp doctor`, `hpcdp bench prep`).
+in `ERRORS` for a damaged or truncated stream. `LIBRARY` names the one in use (`hpcdp
+doctor`, `hpcdp bench prep`).
 """
 
 from __future__ import annotations
