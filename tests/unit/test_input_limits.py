@@ -84,3 +84,21 @@ def test_a_gzip_bomb_of_blank_lines_ends_early(tmp_path) -> None:
         list(dc.gzip_texts(str(path), "text"))
     line = int(str(got.value).split("line ")[1].split(":")[0])
     assert line <= 100 * (64 << 10) // dc.LINE_COST + 1
+
+
+def test_a_text_file_read_as_one_document_is_held_to_the_record_limit(tmp_path) -> None:
+    from hpcdp.data.prep.text.corpus import Corpus
+
+    (tmp_path / "ok.txt").write_bytes(b"x" * 100)
+    (tmp_path / "long.txt").write_bytes(b"y" * 101)
+    corpus = Corpus([str(tmp_path / "ok.txt"), str(tmp_path / "long.txt")], lines=False,
+                    limits=dc.Limits(record_bytes=100))
+    ok, long = corpus.blocks(1 << 20)
+    assert list(corpus.texts(ok)) == ["x" * 100]
+    with pytest.raises(TokenPrepError, match=r"long.txt \(the whole file is one document; "
+                                             r"--lines makes each line one\): a record of "
+                                             r"more than 100 bytes"):
+        list(corpus.texts(long))
+    lines = Corpus([str(tmp_path / "long.txt")], lines=True, limits=dc.Limits(record_bytes=100))
+    with pytest.raises(TokenPrepError, match="byte offset 0: a record of more than 100"):
+        list(lines.texts(lines.blocks(1 << 20)[0]))

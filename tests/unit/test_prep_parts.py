@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import h5py
@@ -177,3 +178,37 @@ def test_progress_rate_leaves_out_what_an_earlier_run_did() -> None:
     bar.advance(900, resumed=True)  # blocks found done: counted, but not this run's speed
     bar.advance(50)
     assert "950/1000 rows (95%), 5 rows/s, 10 s left" in out.getvalue().splitlines()[-1]
+
+
+def test_a_part_saved_a_slice_at_a_time_is_the_part_saved_at_once(tmp_path: Path) -> None:
+    parts = Parts(str(tmp_path), "test", {}, COMM, resume=False)
+    rows = np.arange(12, dtype=np.int32).reshape(6, 2)
+    with parts.saving("docs", 1, x=np.int32, n=np.int64) as part:
+        assert not parts.done("docs", 1)  # not there until the body ends
+        part.append(x=rows[:4], n=np.array([4]))
+        part.append(x=rows[4:4])  # empty slices add nothing
+        part.append(x=rows[4:], n=np.array([2]))
+    parts.save("docs", 2, x=rows, n=np.array([4, 2]))
+    for b in (1, 2):
+        got = parts.load("docs", b)
+        assert got["x"].dtype == np.int32 and got["x"].shape == (6, 2)
+        np.testing.assert_array_equal(got["x"], rows)
+        np.testing.assert_array_equal(got["n"], [4, 2])
+        assert parts.lengths("docs", b) == {"x": 6, "n": 2}
+    with parts.saving("docs", 3, x=np.int32):  # nothing appended: an empty part
+        pass
+    assert parts.rows("docs", 3) == 0 and parts.load("docs", 3)["x"].dtype == np.int32
+
+
+def test_a_part_whose_making_fails_leaves_nothing(tmp_path: Path) -> None:
+    parts = Parts(str(tmp_path), "test", {}, COMM, resume=False)
+    with (pytest.raises(ValueError, match="x: int64 appended to an array of int32"),
+          parts.saving("docs", 0, x=np.int32) as part):
+        part.append(x=np.arange(3, dtype=np.int32))
+        part.append(x=np.arange(3))
+    with (pytest.raises(ValueError, match=r"rows of shape \(3,\) appended to rows of shape"),
+          parts.saving("docs", 0, x=np.int32) as part):
+        part.append(x=np.zeros((1, 2), np.int32))
+        part.append(x=np.zeros((1, 3), np.int32))
+    assert not parts.done("docs", 0)
+    assert os.listdir(tmp_path / ".hpcdp-prep" / "docs") == []  # no temporary left

@@ -14,12 +14,13 @@ the final files), and the work folder needs as much disk as the output until it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,62 @@ def _remove_stale_temporaries(out_dir: str) -> None:
     for name in os.listdir(out_dir):
         if _STALE.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
+
+
+#: Bytes of a growing array's .npy header: room for any length, rewritten when it is closed.
+_HEADER_BYTES = 128
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A version 1.0 .npy header of exactly `_HEADER_BYTES` bytes (padded with spaces, as
+    the format allows), so it can be written before the length is known and again after."""
+    text = str({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                "shape": tuple(int(n) for n in shape)})
+    room = _HEADER_BYTES - 10  # magic (6), version (2), header length (2)
+    if len(text) >= room:
+        raise ValueError(f"a .npy header for {dtype} {shape} needs more than {room} bytes")
+    return (b"\x93NUMPY\x01\x00" + room.to_bytes(2, "little")
+            + (text.ljust(room - 1) + "\n").encode("latin1"))
+
+
+class PartWriter:
+    """The arrays of one part written a slice at a time: each .npy file grows by `append`;
+    `close` writes each header with its final shape."""
+
+    def __init__(self, folder: str, dtypes: dict[str, Any]) -> None:
+        self.dtypes = {key: np.dtype(d) for key, d in dtypes.items()}
+        self.rows = dict.fromkeys(dtypes, 0)
+        self.shapes: dict[str, tuple[int, ...]] = {}  # each array's shape past its rows
+        self.files = {}
+        for key in dtypes:
+            self.files[key] = open(os.path.join(folder, f"{key}.npy"), "wb")  # noqa: SIM115
+            self.files[key].write(bytes(_HEADER_BYTES))
+
+    def append(self, **arrays: np.ndarray) -> None:
+        """Rows at the end of the named arrays; each of its part's dtype and row shape."""
+        for key, array in arrays.items():
+            array = np.ascontiguousarray(array)
+            if array.dtype != self.dtypes[key]:
+                raise ValueError(f"{key}: {array.dtype} appended to an array of "
+                                 f"{self.dtypes[key]}")
+            if self.shapes.setdefault(key, array.shape[1:]) != array.shape[1:]:
+                raise ValueError(f"{key}: rows of shape {array.shape[1:]} appended to rows "
+                                 f"of shape {self.shapes[key]}")
+            if array.size:
+                self.files[key].write(memoryview(array).cast("B"))
+            self.rows[key] += len(array)
+
+    def close(self) -> dict[str, int]:
+        """Every file's header written with its shape, the files closed; their rows."""
+        for key, fh in self.files.items():
+            fh.seek(0)
+            fh.write(npy_header(self.dtypes[key], (self.rows[key], *self.shapes.get(key, ()))))
+            fh.close()
+        return dict(self.rows)
+
+    def abandon(self) -> None:
+        for fh in self.files.values():
+            fh.close()
 
 
 class Parts:
@@ -136,17 +193,43 @@ class Parts:
     def save(self, split: str, index: int, **arrays: np.ndarray) -> None:
         """Block `index` of `split` as one .npy per array, under a temporary name renamed
         into place. Its rows (`rows`) are the length of the first array."""
-        final = self._part(split, index)
-        folder, name = os.path.split(final)
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-        os.makedirs(tmp)
+        tmp = self._begin(split, index)
         lengths = {}
         for key, array in arrays.items():
             array = np.ascontiguousarray(array)
             np.save(os.path.join(tmp, f"{key}.npy"), array, allow_pickle=False)
             lengths[key] = len(array)
-        _write_json(os.path.join(tmp, META), {"lengths": lengths, "order": list(arrays)})
+        self._commit(tmp, split, index, lengths)
+
+    @contextlib.contextmanager
+    def saving(self, split: str, index: int, **dtypes: Any) -> Iterator[PartWriter]:
+        """`save` for a block made a slice at a time: the arrays (of these dtypes, in this
+        order) grow by `PartWriter.append`, so the block is never held whole (a gzip file's
+        documents, counted only as they are read). The part appears when the body ends;
+        if it raises, nothing is left of it."""
+        tmp = self._begin(split, index)
+        writer = PartWriter(tmp, dtypes)
+        try:
+            yield writer
+            lengths = writer.close()
+        except BaseException:
+            writer.abandon()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._commit(tmp, split, index, lengths)
+
+    def _begin(self, split: str, index: int) -> str:
+        """A new temporary folder beside block `index`'s part, its name hidden."""
+        folder, name = os.path.split(self._part(split, index))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+        os.makedirs(tmp)
+        return tmp
+
+    def _commit(self, tmp: str, split: str, index: int, lengths: dict[str, int]) -> None:
+        """The arrays in `tmp` (of `lengths`, in that order) become block `index`'s part."""
+        _write_json(os.path.join(tmp, META), {"lengths": lengths, "order": list(lengths)})
+        final = self._part(split, index)
         try:
             os.rename(tmp, final)
         except OSError:

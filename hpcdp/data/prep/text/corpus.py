@@ -130,8 +130,10 @@ class Corpus:
         elif kind == dc.PARQUET:
             yield from dc.parquet_texts(path, self.field, self.limits)
         elif not dc.split_by_lines(kind, self.lines):
-            with open(path, "rb") as fh:
-                data = fh.read()
+            with open(path, "rb") as fh:  # a file longer than a record is refused unread
+                data = fh.read(self.limits.record_bytes + 1)
+            self.limits.check_record(len(data), f"{bounded.shown(path)} (the whole file is "
+                                     "one document; --lines makes each line one)")
             yield from _decoded(path, data, [Span(file, 0, len(data))], 0, None)
         else:
             data, base = read_lines_of(path, block.start, block.end, self.limits.record_bytes)

@@ -4,14 +4,16 @@
   of text, every k-th document of each block and training documents only, the same on
   any number of ranks (the rule below); gathered on rank 0, which trains.
 - `tokenize_blocks`: each block's documents read and tokenized a batch at a time into the
-  file's dtype and saved as a part (tokens, per-document lengths); a part already there
-  (``--resume``) is kept.
+  file's dtype and appended to its part (tokens, per-document lengths), which appears
+  whole when the block is done; a part already there (``--resume``) is kept.
 - `block_docs`: every block's document count, from the parts, on every rank: block b's
   first document is the sum over the blocks before it, which decides the split.
 
-A rank holds one block's tokens at a time (its documents a batch at a time); the
-parts on disk hold the whole corpus's tokens (2 bytes a token for vocabularies up to
-65,536) until the files are written.
+A rank holds a batch of documents and their tokens at a time, even in a block that is a
+whole file (gzipped JSON Lines, Parquet: their records cannot be cut into byte ranges),
+so its memory does not grow with a file's size; the BPE pass keeps only the sampled
+documents. The parts on disk hold the whole corpus's tokens (2 bytes a token for
+vocabularies up to 65,536) until the files are written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text.corpus import Corpus
@@ -37,33 +40,42 @@ def val_mask(first: int, n: int, fraction: float) -> np.ndarray:
     return ((g + 1) * fraction).astype(np.int64) > (g * fraction).astype(np.int64)
 
 
-def read_block(corpus: Corpus, block: bk.Block) -> tuple[list[str] | None, str | None]:
-    """The documents of `block`, or the error naming the file (and line or offset)."""
-    try:
-        return list(corpus.texts(block)), None
-    except OSError as exc:  # e.g. a file removed since it was listed
-        return None, f"cannot read the corpus: {exc}"
-    except TokenPrepError as exc:
-        return None, str(exc)
-
-
 def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
                     tok: tz.Tokenizer, parts: Any, progress: Any) -> str | None:
-    """Tokenize this rank's blocks into parts; the first error, or None."""
+    """Tokenize this rank's blocks into parts, a batch of documents at a time appended to
+    the part as it is encoded; the first error, or None."""
+    dtypes = {"tokens": tk.token_dtype(tok.vocab_size), "lengths": np.int64}
     for b in mine:
         if not parts.done(DOCS, b):
             try:
-                tokens, lengths = tok.encode_stream(corpus.texts(blocks[b]))
+                with parts.saving(DOCS, b, **dtypes) as part:
+                    for tokens, lengths in tok.encode_batches(corpus.texts(blocks[b])):
+                        part.append(tokens=tokens, lengths=lengths)
             except OSError as exc:  # e.g. a file removed since it was listed
                 return f"cannot read the corpus: {exc}"
             except TokenPrepError as exc:
                 return str(exc)
-            parts.save(DOCS, b, tokens=tokens, lengths=lengths)
-            del tokens, lengths
             progress.advance(blocks[b].nbytes)
         else:
             progress.advance(blocks[b].nbytes, resumed=True)
     return None
+
+
+def every_kth(corpus: Corpus, block: bk.Block, k: int
+              ) -> tuple[int, list[tuple[int, str]], str | None]:
+    """Block `block`'s document count and its documents ``j % k == 0`` (j, text), read a
+    document at a time; or the error naming the file (and line or offset)."""
+    count, picked = 0, []
+    try:
+        for j, text in enumerate(corpus.texts(block)):
+            if j % k == 0:
+                picked.append((j, text))
+            count = j + 1
+    except OSError as exc:  # e.g. a file removed since it was listed
+        return count, picked, f"cannot read the corpus: {exc}"
+    except TokenPrepError as exc:
+        return count, picked, str(exc)
+    return count, picked, None
 
 
 def block_docs(parts: Any, mine: range, n_blocks: int, comm: Any) -> np.ndarray:
@@ -97,13 +109,11 @@ def sample_for_bpe(corpus: Corpus, blocks: Sequence[bk.Block], mine: range, frac
     counts: list[tuple[int, int]] = []
     error = None
     for b in mine:
-        texts, error = read_block(corpus, blocks[b])
+        count, texts, error = every_kth(corpus, blocks[b], k)
         if error:
             break
-        assert texts is not None
-        counts.append((b, len(texts)))
-        picked += [(b, j, texts[j]) for j in range(0, len(texts), k)]
-        del texts
+        counts.append((b, count))
+        picked += [(b, j, text) for j, text in texts]
         if progress is not None:
             progress.advance(blocks[b].nbytes)
     if progress is not None:

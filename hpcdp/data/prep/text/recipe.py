@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="documents for val.h5, evenly spread (0: no val.h5)")
     p.add_argument("--max-record-bytes", type=int, default=dc.Limits.record_bytes,
-                   help="the longest JSON Lines record, Parquet value or --lines line "
-                        "accepted (default: 64 MiB); see docs/input-checks.md")
+                   help="the longest JSON Lines record, Parquet value, --lines line or "
+                        "text file (one document) accepted (default: 64 MiB); see "
+                        "docs/input-checks.md")
     p.add_argument("--max-expansion", type=int, default=dc.Limits.expansion,
                    help="gzip and Parquet files: at most this many times their size (at least "
                         "64 KiB) in documents (default: 100)")

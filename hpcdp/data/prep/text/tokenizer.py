@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,18 +79,12 @@ class Tokenizer:
                                       dtype, int(lengths[a : a + len(encs)].sum())))
         return (np.concatenate(pieces) if pieces else np.zeros(0, dtype)), lengths
 
-    def encode_stream(self, texts: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_batches(self, texts: Iterable[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """`encode_flat` of `texts` taken `ENCODE_BATCH` at a time, so that a block's
-        documents are never all held as Python strings: about twice its tokens at most."""
-        pieces, lengths = [], []
+        documents, and their tokens, are never all held: one batch's at a time."""
         stream = iter(texts)
         while batch := list(itertools.islice(stream, ENCODE_BATCH)):
-            tokens, counts = self.encode_flat(batch)
-            pieces.append(tokens)
-            lengths.append(counts)
-        if not pieces:
-            return np.zeros(0, tk.token_dtype(self.vocab_size)), np.zeros(0, np.int64)
-        return np.concatenate(pieces), np.concatenate(lengths)
+            yield self.encode_flat(batch)
 
 
 def byte_level() -> Tokenizer:
