@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -15,6 +18,7 @@ from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep.text import corpus as tc
 from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import recipe as tp
+from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.read.tokens import TokenReader, TokenReaderError
 
 
@@ -193,3 +197,38 @@ def test_a_blocks_documents_are_copied_in_slabs_of_whole_documents(lengths, slab
     assert [i for a, z in pieces for i in range(a, z)] == list(range(len(lengths)))
     for a, z in pieces:  # a slab crosses its bound by its last document at most
         assert lengths[a : z - 1].sum() < slab or z - a == 1
+
+
+def test_the_tokenizer_library_gets_the_ranks_share_of_threads() -> None:
+    env = {"OMP_NUM_THREADS": "3"}
+    assert tz.library_threads(env, trains=False) == "3"
+    assert tz.library_threads(env, trains=True) is None  # it trains alone on every core
+    assert tz.library_threads({**env, "RAYON_NUM_THREADS": "8"}, trains=False) is None
+    assert tz.library_threads({}, trains=False) is None
+    assert tz.library_threads({"OMP_NUM_THREADS": "x"}, trains=False) is None
+    tz.share_threads(env, trains=False)
+    assert env["RAYON_NUM_THREADS"] == "3"
+
+
+#: Encodes a batch after `share_threads` (argv[1]: whether this rank trains) and prints the
+#: number of threads the process then has.
+THREADS_CHILD = """
+import os, sys
+from hpcdp.data.prep.text import tokenizer as tz
+tz.share_threads(os.environ, trains=sys.argv[1] == "train")
+tok = tz.train_bpe(["some words to learn from"] * 50, 300)
+tok.encode_flat(["a document of words"] * 4096)
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to tell apart")
+def test_the_library_starts_only_the_shared_threads() -> None:
+    def threads(role: str) -> int:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env.pop("RAYON_NUM_THREADS", None)
+        done = subprocess.run([sys.executable, "-c", THREADS_CHILD, role], env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+        return int(done.stdout)
+
+    assert threads("encode") < threads("train")

@@ -74,10 +74,12 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
     BPE is kept in the work folder, so a resumed run does not train it again)."""
     if args.tokenizer == "bytes":
         return tz.byte_level()
+    saved = parts.load_state("tokenizer") if args.tokenizer == "bpe" else None
+    tz.share_threads(os.environ, trains=comm.rank == 0 and args.tokenizer == "bpe"
+                     and saved is None)
     try:
         if args.tokenizer != "bpe":
             return tz.load_json(args.tokenizer, args.eod_token)
-        saved = parts.load_state("tokenizer")
         if saved is not None:
             return tz.from_json(saved["json"], "tokenizer.json", args.eod_token)
     except tz.TokenizerError as exc:  # the same on every rank: each reads the same file

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,28 @@ from hpcdp.data.format import tokens as tk
 DEFAULT_EOD = "<|endoftext|>"
 #: Documents encoded per call: the Rust side parallelises within a batch.
 ENCODE_BATCH = 1024
+#: The size of the library's thread pool (rayon's), read once, when the pool first runs.
+THREADS_VAR = "RAYON_NUM_THREADS"
+
+
+def library_threads(environ: Mapping[str, str], trains: bool) -> str | None:
+    """The tokenizer library's threads for this rank (pure), or None to leave its default
+    (every CPU the rank may use). Ranks of a node that its launcher left unbound each see
+    every core, and the library would start that many threads in each: a rank gets its
+    share instead, the threads hpcdp's plan gave it (OMP_NUM_THREADS, set per local rank
+    by `hvd_settings.apply`). The rank that trains a BPE keeps the default: the other
+    ranks sleep while it trains. An exported RAYON_NUM_THREADS wins."""
+    if THREADS_VAR in environ or trains:
+        return None
+    share = environ.get("OMP_NUM_THREADS", "").strip()
+    return share if share.isdigit() and int(share) > 0 else None
+
+
+def share_threads(environ: MutableMapping[str, str], trains: bool) -> None:
+    """`library_threads` set in `environ` (os.environ) before the library first runs."""
+    threads = library_threads(environ, trains)
+    if threads is not None:
+        environ[THREADS_VAR] = threads
 
 
 class TokenizerError(ValueError):
