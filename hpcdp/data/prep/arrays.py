@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,7 +133,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def _numeric_dtype(text: str) -> np.dtype:
     try:
-        dtype = np.dtype(text)
+        with warnings.catch_warnings():  # NumPy's deprecated aliases ('a') warn, then parse
+            warnings.simplefilter("ignore", DeprecationWarning)
+            dtype = np.dtype(text)
     except (TypeError, ValueError, SyntaxError):
         raise SourceError(f"--dtype {text!r} is not a numpy dtype") from None
     if dtype.kind not in "uif":
