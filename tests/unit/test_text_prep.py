@@ -201,21 +201,24 @@ def test_a_blocks_documents_are_copied_in_slabs_of_whole_documents(lengths, slab
 
 def test_the_tokenizer_library_gets_the_ranks_share_of_threads() -> None:
     env = {"OMP_NUM_THREADS": "3"}
-    assert tz.library_threads(env, trains=False) == "3"
-    assert tz.library_threads(env, trains=True) is None  # it trains alone on every core
-    assert tz.library_threads({**env, "RAYON_NUM_THREADS": "8"}, trains=False) is None
-    assert tz.library_threads({}, trains=False) is None
-    assert tz.library_threads({"OMP_NUM_THREADS": "x"}, trains=False) is None
-    tz.share_threads(env, trains=False)
-    assert env["RAYON_NUM_THREADS"] == "3"
+    assert tz.library_threads(env) == "3"
+    assert tz.library_threads({**env, "RAYON_NUM_THREADS": "8"}) is None  # exported: kept
+    assert tz.library_threads({}) is None
+    assert tz.library_threads({"OMP_NUM_THREADS": "x"}) is None
+    assert tz.share_threads(env) and env["RAYON_NUM_THREADS"] == "3"
+    assert not tz.share_threads(env)  # now there: as if exported
+    # The trainer's child gets every CPU unless the share was exported.
+    assert "RAYON_NUM_THREADS" not in tz.trainer_env(env, every_cpu=True)
+    assert tz.trainer_env(env, every_cpu=False)["RAYON_NUM_THREADS"] == "3"
 
 
-#: Encodes a batch after `share_threads` (argv[1]: whether this rank trains) and prints the
+#: Encodes a batch after `share_threads` (unless argv[1] is "default") and prints the
 #: number of threads the process then has.
 THREADS_CHILD = """
 import os, sys
 from hpcdp.data.prep.text import tokenizer as tz
-tz.share_threads(os.environ, trains=sys.argv[1] == "train")
+if sys.argv[1] != "default":
+    tz.share_threads(os.environ)
 tok = tz.train_bpe(["some words to learn from"] * 50, 300)
 tok.encode_flat(["a document of words"] * 4096)
 print(len(os.listdir("/proc/self/task")))
@@ -231,4 +234,13 @@ def test_the_library_starts_only_the_shared_threads() -> None:
                               capture_output=True, text=True, timeout=60, check=True)
         return int(done.stdout)
 
-    assert threads("encode") < threads("train")
+    assert threads("share") < threads("default")
+
+
+def test_a_bpe_trained_apart_is_the_bpe_trained_here() -> None:
+    texts = [f"document {i}: some words,\nwith lines and \u00e9t\u00e9 {i % 7}" for i in range(300)]
+    here = tz.train_bpe(texts, 300)
+    apart = tz.train_bpe_apart(texts, 300)
+    assert apart.json == here.json and apart.sha256 == here.sha256
+    with pytest.raises(tz.TokenizerError, match="--vocab-size 5: a byte-level BPE needs"):
+        tz.train_bpe_apart(texts, 5)

@@ -74,12 +74,11 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
     BPE is kept in the work folder, so a resumed run does not train it again)."""
     if args.tokenizer == "bytes":
         return tz.byte_level()
-    saved = parts.load_state("tokenizer") if args.tokenizer == "bpe" else None
-    tz.share_threads(os.environ, trains=comm.rank == 0 and args.tokenizer == "bpe"
-                     and saved is None)
+    shared = tz.share_threads(os.environ)
     try:
         if args.tokenizer != "bpe":
             return tz.load_json(args.tokenizer, args.eod_token)
+        saved = parts.load_state("tokenizer")
         if saved is not None:
             return tz.from_json(saved["json"], "tokenizer.json", args.eod_token)
     except tz.TokenizerError as exc:  # the same on every rank: each reads the same file
@@ -88,9 +87,10 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
     sample, error = passes.sample_for_bpe(corpus, blocks, mine, args.val_fraction,
                                           args.bpe_sample_bytes, comm, progress)
     text = None
-    if error is None and comm.rank == 0:  # the library trains on one node, on all its threads
+    if error is None and comm.rank == 0:  # trained apart, on every CPU of this rank
         try:
-            text = tz.train_bpe(sample, args.vocab_size, args.eod_token).json
+            text = tz.train_bpe_apart(sample, args.vocab_size, args.eod_token,
+                                      every_cpu=shared).json
         except tz.TokenizerError as exc:
             error = str(exc)
     del sample

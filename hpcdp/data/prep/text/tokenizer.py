@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,24 +35,25 @@ ENCODE_BATCH = 1024
 THREADS_VAR = "RAYON_NUM_THREADS"
 
 
-def library_threads(environ: Mapping[str, str], trains: bool) -> str | None:
+def library_threads(environ: Mapping[str, str]) -> str | None:
     """The tokenizer library's threads for this rank (pure), or None to leave its default
     (every CPU the rank may use). Ranks of a node that its launcher left unbound each see
     every core, and the library would start that many threads in each: a rank gets its
     share instead, the threads hpcdp's plan gave it (OMP_NUM_THREADS, set per local rank
-    by `hvd_settings.apply`). The rank that trains a BPE keeps the default: the other
-    ranks sleep while it trains. An exported RAYON_NUM_THREADS wins."""
-    if THREADS_VAR in environ or trains:
+    by `hvd_settings.apply`). An exported RAYON_NUM_THREADS wins."""
+    if THREADS_VAR in environ:
         return None
     share = environ.get("OMP_NUM_THREADS", "").strip()
     return share if share.isdigit() and int(share) > 0 else None
 
 
-def share_threads(environ: MutableMapping[str, str], trains: bool) -> None:
-    """`library_threads` set in `environ` (os.environ) before the library first runs."""
-    threads = library_threads(environ, trains)
+def share_threads(environ: MutableMapping[str, str]) -> bool:
+    """`library_threads` set in `environ` (os.environ) before the library first runs;
+    whether it was set here (not exported)."""
+    threads = library_threads(environ)
     if threads is not None:
         environ[THREADS_VAR] = threads
+    return threads is not None
 
 
 class TokenizerError(ValueError):
@@ -163,3 +169,39 @@ def train_bpe(texts: Iterable[str], vocab_size: int, eod_token: str = DEFAULT_EO
                                   initial_alphabet=alphabet, show_progress=False)
     hf.train_from_iterator(texts, trainer=trainer)
     return from_json(hf.to_str(), "tokenizer.json", eod_token)
+
+
+def trainer_env(environ: Mapping[str, str], every_cpu: bool) -> dict[str, str]:
+    """The environment of the training child (pure): this one, without the thread share
+    when it gets every CPU."""
+    return {k: v for k, v in environ.items() if not (every_cpu and k == THREADS_VAR)}
+
+
+def train_bpe_apart(texts: Iterable[str], vocab_size: int, eod_token: str = DEFAULT_EOD,
+                    every_cpu: bool = True) -> Tokenizer:
+    """`train_bpe` in a child process (`bpe_child`), so that its thread pool can differ from
+    this process's: with `every_cpu`, the library's default (every CPU this rank may
+    use: the other ranks sleep while one trains) where this process keeps its share for
+    encoding; a pool's size is fixed once it first runs. The texts go through a pipe as
+    JSON strings, a line each; tokenizer.json comes back on the child's stdout."""
+    env = trainer_env(os.environ, every_cpu)
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen([sys.executable, "-m", "hpcdp.data.prep.text.bpe_child",
+                                  str(vocab_size), eod_token], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=err, env=env)
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            for text in texts:
+                child.stdin.write(json.dumps(text, ensure_ascii=False).encode() + b"\n")
+            child.stdin.close()
+        except BrokenPipeError:  # the child ended early: its message says why
+            pass
+        out = child.stdout.read().decode()
+        code = child.wait()
+        err.seek(0)
+        message = err.read().decode(errors="replace").strip()
+    if code == 2:
+        raise TokenizerError(message)
+    if code != 0:
+        raise TokenizerError(f"training the BPE failed (exit {code}): {message[-2000:]}")
+    return from_json(out, "tokenizer.json", eod_token)
