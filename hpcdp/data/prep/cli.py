@@ -405,7 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     start = time.perf_counter()
     status: list[int] = []
-    written = write_or_abort(PROG, comm, lambda: _write(args, opts, sources, comm), status)
+    written = write_or_abort(PROG, comm, lambda: _write(args, opts, sources, comm), status,
+                             args.stall_timeout)
     if written is None:
         return status[0]
     if comm.rank == 0:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from hpcdp.data.prep import stall
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES
 from hpcdp.runtime import hvd_settings
 
@@ -79,7 +80,8 @@ def world() -> Any:
     """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial.
 
     hpcdp's runtime settings (threads, MPI yielding: hpcdp.runtime.hvd_settings) go into the
-    environment first, as in training, since MPI reads them when mpi4py starts it.
+    environment first, as in training, since MPI reads them when mpi4py starts it. Its
+    collectives count as waits for the stall bound (`stall.Watched`).
     """
     try:
         hvd_settings.apply()
@@ -89,7 +91,7 @@ def world() -> Any:
         return SerialComm()
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD
+    return stall.Watched(MPI.COMM_WORLD)
 
 
 def check_world(size: int) -> None:
@@ -127,8 +129,9 @@ def wait_quietly(comm: Any, poll_seconds: float = 0.05) -> None:
     if comm.size == 1:
         return
     request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_seconds)
+    with stall.waiting("in a barrier (rank 0 training the BPE)"):
+        while not request.Test():
+            time.sleep(poll_seconds)
 
 
 def say(comm: Any, prog: str, message: str) -> None:
@@ -209,7 +212,7 @@ def create_h5(path: str, comm: Any) -> Any:
 
     if comm.size == 1:
         return h5py.File(path, "w")
-    return h5py.File(path, "w", driver="mpio", comm=comm)
+    return h5py.File(path, "w", driver="mpio", comm=stall.raw(comm))
 
 
 def mpio_write(dset: Any, start: int, data: np.ndarray, collective: bool) -> None:
@@ -236,14 +239,16 @@ def mpio_write(dset: Any, start: int, data: np.ndarray, collective: bool) -> Non
 
 def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inputs], Written],
         summary: Callable[[Written, float], None],
-        bad_input: tuple[type[BaseException], ...] = (PrepError, OSError, ImportError)) -> int:
+        bad_input: tuple[type[BaseException], ...] = (PrepError, OSError, ImportError),
+        stall_s: float = stall.DEFAULT_BOUND_S) -> int:
     """Collective: a recipe from its checks to its summary; the exit status.
 
     `check` runs on every rank and raises one of `bad_input`; the ranks agree on
     the first error and all exit `EXIT_BAD_INPUT` with nothing written. Then
     `write_or_abort` runs `write` (bad input it finds on the way: `EXIT_BAD_INPUT`
     too; any other failure `EXIT_WRITE_FAILED`), and rank 0 prints `summary` of what
-    it returned and the seconds it took.
+    it returned and the seconds it took. A rank working longer than `stall_s` without
+    progress ends the job (`stall`).
     """
     error, inputs = None, None
     try:
@@ -256,7 +261,8 @@ def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inpu
         return EXIT_BAD_INPUT
     start = time.perf_counter()
     failed: list[int] = []
-    written = write_or_abort(prog, comm, lambda: write(inputs), failed)  # type: ignore[arg-type]
+    written = write_or_abort(prog, comm, lambda: write(inputs), failed,  # type: ignore[arg-type]
+                             stall_s)
     if failed:
         return failed[0]
     if comm.rank == 0:
@@ -265,7 +271,8 @@ def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inpu
 
 
 def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
-                   status: list[int] | None = None) -> Written | None:
+                   status: list[int] | None = None,
+                   stall_s: float = stall.DEFAULT_BOUND_S) -> Written | None:
     """Collective: what `write` returns, or None once its failure is reported (and its
     exit status appended to `status`).
 
@@ -273,10 +280,12 @@ def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
     split): it must be raised on every rank alike (after `agree`), and before any final
     file is renamed into place; its status is `EXIT_BAD_INPUT`. Any other failure aborts
     the job with `EXIT_WRITE_FAILED`: the other ranks may be waiting in a collective for
-    the one that failed.
+    the one that failed. So does a rank that works longer than `stall_s` without progress
+    (`stall.guarded`; `stall.EXIT_STALLED`).
     """
     try:
-        return write()
+        with stall.guarded(comm, prog, stall_s):
+            return write()
     except PrepError as exc:
         say(comm, prog, f"error: {exc}")
         code = EXIT_BAD_INPUT
@@ -397,6 +406,7 @@ def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayo
                 dset[at : at + len(rows)] = rows
         else:
             mpio_write(dset, at, rows, collective)
+    stall.mark()
     if progress is not None and data:
         progress.advance(len(data[first]))
 
@@ -413,17 +423,33 @@ def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> 
 
 
 def add_common_options(parser: argparse.ArgumentParser, blocks: bool = True) -> None:
-    """``--resume`` (every recipe) and ``--block-mib`` (those that read big inputs)."""
+    """``--resume`` and ``--stall-timeout`` (every recipe) and ``--block-mib`` (those that
+    read big inputs)."""
     parser.add_argument(
         "--resume", action="store_true",
         help="continue an interrupted run of the same command from its completed blocks "
              "(kept in OUT/.hpcdp-prep/); without it such a folder is an error")
+    parser.add_argument(
+        "--stall-timeout", type=_seconds, default=stall.DEFAULT_BOUND_S, metavar="S",
+        help="end the job when a rank works this many seconds without finishing a block "
+             f"(or a batch), naming it (default {stall.DEFAULT_BOUND_S:g}; 0: never); "
+             "waiting for other ranks does not count")
     if blocks:
         parser.add_argument(
             "--block-mib", type=float, default=DEFAULT_BLOCK_BYTES / 2**20,
             help="input read, held and saved per block, in MiB (default "
                  f"{DEFAULT_BLOCK_BYTES >> 20}): a rank's memory is about one block in and "
                  "one out, whatever the input size")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, 0 or more")
+    return value
 
 
 def block_bytes(block_mib: float) -> int:
@@ -455,6 +481,7 @@ class Progress:
         self._said = self._sent = self.start
         self._reqs: list[Any] = []
         self._p2p = comm.Dup() if comm.size > 1 else None
+        stall.mark(f"{what}: starting")
         self._bar = None
         if comm.rank == 0 and _isatty(self.stream):
             from tqdm import tqdm
@@ -471,6 +498,7 @@ class Progress:
         """This rank did `n` more units (rows, files, bytes); `resumed`: an earlier run did
         them (they count as done, not toward the rate)."""
         self.mine = (self.mine[0] + int(n), self.mine[1] + (int(n) if resumed else 0))
+        stall.mark(f"{self.what}: {self.mine[0]} {self.unit} done")
         now = time.monotonic()
         if self.comm.rank != 0:
             if now - self._sent >= 1.0:
@@ -523,11 +551,12 @@ class Progress:
         if self._p2p is not None:
             from mpi4py import MPI
 
-            if self.comm.rank != 0:
-                self._reqs.append(self._p2p.isend(self.mine, dest=0, tag=self._DONE))
-                MPI.Request.Waitall(self._reqs)
-            else:
-                self._drain(MPI)
+            with stall.waiting(f"closing the progress of {self.what}"):  # for every rank
+                if self.comm.rank != 0:
+                    self._reqs.append(self._p2p.isend(self.mine, dest=0, tag=self._DONE))
+                    MPI.Request.Waitall(self._reqs)
+                else:
+                    self._drain(MPI)
             self._p2p.Free()
             self._p2p = None
         if self.comm.rank == 0:

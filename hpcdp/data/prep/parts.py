@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdp.data.prep import stall
 from hpcdp.data.prep.frame import WORK_DIR, PrepError, agree
 
 FINGERPRINT = "fingerprint.json"
@@ -236,6 +237,7 @@ class Parts:
             if not os.path.isdir(final):  # not a part saved meanwhile: a real failure
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
+        stall.mark()
 
     def _meta(self, split: str, index: int) -> dict[str, Any]:
         with open(os.path.join(self._part(split, index), META)) as fh:

@@ -501,7 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = prep_run.world()
     return prep_run.run(PROG, comm, lambda: check(args, comm),
                         lambda inputs: write(args, inputs, comm),
-                        lambda written, seconds: summary(written, seconds, comm.size))
+                        lambda written, seconds: summary(written, seconds, comm.size),
+                        stall_s=args.stall_timeout)
 
 
 if __name__ == "__main__":

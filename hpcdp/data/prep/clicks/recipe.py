@@ -201,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return frame.run(
         PROG, comm, lambda: _check(args, comm), lambda got: _write(args, *got, comm),
         lambda written, seconds: _summary(written, seconds, comm.size),
-        bad_input=(ck.ClickSpecError, frame.PrepError, OSError, ImportError))
+        bad_input=(ck.ClickSpecError, frame.PrepError, OSError, ImportError),
+        stall_s=args.stall_timeout)
 
 
 def _summary(paths: list[str], seconds: float, ranks: int) -> None:

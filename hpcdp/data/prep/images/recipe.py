@@ -28,6 +28,7 @@ from typing import Any
 
 from hpcdp.cliargs import parse_args
 from hpcdp.data.prep import blocks as bk
+from hpcdp.data.prep import stall
 from hpcdp.data.prep.frame import (
     PrepError,
     Progress,
@@ -233,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _scanned(layout)
     start = time.perf_counter()
     try:
-        parts, mine, summaries = prepare(args, layout, comm)
+        with stall.guarded(comm, PROG, args.stall_timeout):  # decoding: as in the writing
+            parts, mine, summaries = prepare(args, layout, comm)
     except PrepError as exc:
         say(comm, PROG, f"error: {exc}")
         return 2
@@ -246,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           iw.file_attrs(name, s.count, args.size, layout.classes, mean, std,
                                         params, len(bad), args.seed))
              for name, s in summaries.items()]
-    written = write_or_abort(PROG, comm, lambda: _write(args, parts, mine, metas, comm))
+    written = write_or_abort(PROG, comm, lambda: _write(args, parts, mine, metas, comm),
+                             stall_s=args.stall_timeout)
     if written is None:
         return 1
     if comm.rank == 0:

@@ -173,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "rank(s)", flush=True)
 
     return frame.run(PROG, comm, lambda: _check(args, comm),
-                        lambda chain: _write(args, chain, comm), summary)
+                        lambda chain: _write(args, chain, comm), summary,
+                        stall_s=args.stall_timeout)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import blocks as bk
+from hpcdp.data.prep import stall
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text.corpus import Corpus
 from hpcdp.data.prep.text.writer import TokenPrepError
@@ -51,6 +52,7 @@ def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
                 with parts.saving(DOCS, b, **dtypes) as part:
                     for tokens, lengths in tok.encode_batches(corpus.texts(blocks[b])):
                         part.append(tokens=tokens, lengths=lengths)
+                        stall.mark()  # a whole-file block is many batches
             except OSError as exc:  # e.g. a file removed since it was listed
                 return f"cannot read the corpus: {exc}"
             except TokenPrepError as exc:
@@ -71,6 +73,7 @@ def every_kth(corpus: Corpus, block: bk.Block, k: int
             if j % k == 0:
                 picked.append((j, text))
             count = j + 1
+            stall.mark()
     except OSError as exc:  # e.g. a file removed since it was listed
         return count, picked, f"cannot read the corpus: {exc}"
     except TokenPrepError as exc:

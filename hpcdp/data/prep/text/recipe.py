@@ -44,6 +44,7 @@ from hpcdp import files
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep import stall
 from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import passes
@@ -89,8 +90,9 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
     text = None
     if error is None and comm.rank == 0:  # trained apart, on every CPU of this rank
         try:
-            text = tz.train_bpe_apart(sample, args.vocab_size, args.eod_token,
-                                      every_cpu=shared).json
+            with stall.waiting("training the BPE in a child process"):
+                text = tz.train_bpe_apart(sample, args.vocab_size, args.eod_token,
+                                          every_cpu=shared).json
         except tz.TokenizerError as exc:
             error = str(exc)
     del sample
@@ -288,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = prep_run.world()
     return prep_run.run(PROG, comm, lambda: _setup(args, comm),
                         lambda corpus: _write(args, corpus, comm),
-                        lambda result, seconds: _summary(result, seconds, comm.size))
+                        lambda result, seconds: _summary(result, seconds, comm.size),
+                        stall_s=args.stall_timeout)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep import stall
 from hpcdp.data.prep.frame import PrepError
 
 #: Tokens per write call at most: MPI-IO counts are 32-bit, and smaller calls bound staging.
@@ -62,6 +63,7 @@ def _copy_kept(parts: Any, block: int, lengths: np.ndarray, keep: np.ndarray, ds
         dset[start : start + len(kept)] = kept
         start += len(kept)
         top = max(top, int(kept.max()))
+        stall.mark()
     return top
 
 
