@@ -2,8 +2,10 @@
 memory cap and a timeout, refused naming the file and the member or line, nothing written.
 
 The cap is on address space (RLIMIT_AS). Thread pools and allocator arenas reserve address
-space by the core count, so the children run with one OpenMP/BLAS thread, two malloc arenas
-and Arrow on the system allocator (`QUIET`): then a normal run of these recipes on small
+space by the core count, so the children run with one OpenMP/BLAS thread, one malloc arena
+(each thread that mallocs may reserve an arena of 64 MiB, and every recipe runs a stall
+guard thread beside its main one) and Arrow on the system allocator (`QUIET`): then a normal
+run of these recipes on small
 input needs about 145 MiB (282 MiB once pyarrow is loaded), measured by bisecting the limit,
 and `CAP` (`PARQUET_CAP`) leaves over 200 MiB of margin, while each crafted file below would
 have cost far more than that unchecked (hundreds of MB to GBs) or run for minutes.
@@ -33,7 +35,7 @@ from hpcdp.data.prep import frame
 REPO = Path(__file__).resolve().parents[2]
 CAP = 400 << 20
 PARQUET_CAP = 512 << 20
-QUIET = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
+QUIET = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1",
          "ARROW_DEFAULT_MEMORY_POOL": "system"}
 TIMEOUT = 60
 #: `hpcdp prep` (CIFAR) refuses bad input with 2; the recipes on `frame.run` with its status.

@@ -32,6 +32,10 @@ from hpcdp.runtime.watchdog import dump_stacks
 
 #: Seconds a rank may work without finishing a unit (a block is seconds at 64 MiB).
 DEFAULT_BOUND_S = 600.0
+#: The guard thread's stack: a few frames deep, where the default (8 MiB) would be address
+#: space reserved for nothing (it counts under `ulimit -v`). Its malloc arena cannot be
+#: avoided: one more thread may reserve one more (64 MiB) unless MALLOC_ARENA_MAX says not.
+STACK_BYTES = 512 << 10
 #: The exit status of a job ended by a stalled rank.
 EXIT_STALLED = 3
 #: mpi4py's blocking collectives (lower case: Python objects; capitalised: buffers), and
@@ -125,7 +129,11 @@ class Guard:
 
     def start(self) -> Guard:
         mark("working")
-        self._thread.start()
+        previous = threading.stack_size(STACK_BYTES)  # for the threads started now: this one
+        try:
+            self._thread.start()
+        finally:
+            threading.stack_size(previous)
         return self
 
     def stop(self) -> None:
