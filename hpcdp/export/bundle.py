@@ -54,12 +54,14 @@ class ExportError(ValueError):
     """An export folder or file that cannot be used: the message names the file and why."""
 
 
-def open_regular(path: Path, limit: int | None = None) -> tuple[int, int]:
+def open_regular(path: Path, limit: int | None = None, follow: bool = False
+                 ) -> tuple[int, int]:
     """(descriptor, size) of `path` opened for reading, after checking it is a regular
-    file (not a link: O_NOFOLLOW; not a FIFO: opened non-blocking, then fstat) of at most
-    `limit` bytes; `ExportError` naming it otherwise."""
+    file (not a link, unless `follow`: O_NOFOLLOW; not a FIFO: opened non-blocking, then
+    fstat) of at most `limit` bytes; `ExportError` naming it otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as e:
         why = "a symbolic link (the export's files must be in its folder)" if (
             os.path.islink(path)) else f"cannot be read: {e.strerror or e}"
@@ -77,9 +79,9 @@ def open_regular(path: Path, limit: int | None = None) -> tuple[int, int]:
     return fd, info.st_size
 
 
-def read_small(path: Path, limit: int) -> bytes:
+def read_small(path: Path, limit: int, follow: bool = False) -> bytes:
     """The whole of a regular file of at most `limit` bytes (`open_regular`)."""
-    fd, _ = open_regular(path, limit)
+    fd, _ = open_regular(path, limit, follow)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:

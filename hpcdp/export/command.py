@@ -13,6 +13,7 @@ run's training file when it is still there, else left null and said.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -122,8 +123,16 @@ def lm_tokenizer(config: Mapping[str, Any], attrs: Mapping[str, Any]
     path = Path(str(attrs["_path"])).parent / bundle.TOKENIZER
     if not path.is_file():
         return entry, None
-    text = path.read_text(encoding="utf-8")
-    if bundle.sha256_file(path) != sha:
+    # Beside data that may be linked in, so a link is followed; read within the limit an
+    # export's own tokenizer.json has, and the bytes hashed are the bytes shipped.
+    try:
+        raw = bundle.read_small(path, bundle.MAX_TOKENIZER_BYTES, follow=True)
+        text = raw.decode("utf-8")
+    except bundle.ExportError as exc:
+        raise ckpt.CheckpointError(f"{exc}; not exported") from None
+    except UnicodeDecodeError as exc:
+        raise ckpt.CheckpointError(f"{path}: not UTF-8 text ({exc}); not exported") from None
+    if hashlib.sha256(raw).hexdigest() != sha:
         raise ckpt.CheckpointError(f"{path}: its sha256 is not the {str(sha)[:16]}... the "
                                    "training data was made with; not exported")
     return entry, text

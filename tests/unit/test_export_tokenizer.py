@@ -45,3 +45,30 @@ def test_bytes_and_symbols_ship_no_file() -> None:
         entry, shipped = lm_tokenizer({}, {"tokenizer": name, "tokenizer_sha256": "x",
                                            "eod_id": 1, "_path": "/nonexistent/train.h5"})
         assert shipped is None and entry["name"] == name
+
+
+def test_a_linked_tokenizer_is_followed_and_an_oversized_one_refused_unread(
+        tmp_path: Path, monkeypatch) -> None:
+    from hpcdp.export import bundle
+
+    data = tmp_path / "data"
+    data.mkdir()
+    attrs, raw = made_with(data)
+    linked = tmp_path / "run"
+    linked.mkdir()
+    (linked / "tokenizer.json").symlink_to(data / "tokenizer.json")
+    entry, shipped = lm_tokenizer({}, {**attrs, "_path": str(linked / "train.h5")})
+    assert shipped == raw  # data linked in file by file: its tokenizer comes along
+    monkeypatch.setattr(bundle, "MAX_TOKENIZER_BYTES", len(raw.encode()) - 1)
+    with pytest.raises(CheckpointError, match=r"bytes, over the \d+-byte limit for this "
+                                              r"file; not exported"):
+        lm_tokenizer({}, attrs)
+
+
+def test_a_tokenizer_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    attrs, _ = made_with(tmp_path)
+    bad = b"\xff\xfe not json"
+    (tmp_path / "tokenizer.json").write_bytes(bad)
+    attrs["tokenizer_sha256"] = hashlib.sha256(bad).hexdigest()
+    with pytest.raises(CheckpointError, match="not UTF-8 text"):
+        lm_tokenizer({}, attrs)
