@@ -25,6 +25,7 @@ import faulthandler
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -126,15 +127,18 @@ class waiting:  # noqa: N801 - used like a function: `with watchdog.waiting("all
 
 
 def dump_stacks(out: TextIO) -> None:
-    """Every thread's Python stack to `out` (faulthandler when it has a file descriptor)."""
-    out.flush()
+    """Every thread's Python stack to `out`, in one write: faulthandler writes a line in
+    many small pieces, and a launcher that tags each write (mpirun --tag-output) would
+    split the lines. Through a temporary file, since faulthandler needs a descriptor."""
     try:
-        faulthandler.dump_traceback(file=out, all_threads=True)
-        return
-    except (AttributeError, ValueError, OSError):  # no fileno (e.g. a captured stream)
-        pass
-    for ident, frame in sys._current_frames().items():
-        out.write(f"Thread 0x{ident:x}:\n{''.join(traceback.format_stack(frame))}")
+        with tempfile.TemporaryFile() as buffer:
+            faulthandler.dump_traceback(file=buffer, all_threads=True)
+            buffer.seek(0)
+            text = buffer.read().decode(errors="replace")
+    except (ValueError, OSError):  # no temporary file (a full disk): Python's own format
+        text = "".join(f"Thread 0x{ident:x}:\n{''.join(traceback.format_stack(frame))}"
+                       for ident, frame in sys._current_frames().items())
+    out.write(text)
     out.flush()
 
 
