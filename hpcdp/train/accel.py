@@ -14,6 +14,7 @@ prefixes (saved from a `torch.compile` wrapper elsewhere) is read without them
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -67,8 +68,23 @@ def prepare_model(cfg: Config, model: torch.nn.Module, device: torch.device) -> 
     return channels_last
 
 
+#: Exported, it wins: how many processes inductor compiles kernels with.
+COMPILE_THREADS_VAR = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
 def compile_model(model: torch.nn.Module, mode: str) -> None:
     """torch.compile the model's forward in place (the first steps are slow: tracing
-    and code generation). `mode` "default" is torch's own default."""
+    and code generation). `mode` "default" is torch's own default.
+
+    Inductor compiles with this rank's compute threads (hpcdp's plan, set by
+    hpcdp.runtime.dist.init), unless TORCHINDUCTOR_COMPILE_THREADS is exported. Its own
+    default is a pool of worker processes, each importing torch, for every CPU the
+    process may use, and every rank of a node starts one: on ranks sharing their
+    cores, the pools only oversubscribe them (one thread: no pool, compiled in process).
+    """
+    if COMPILE_THREADS_VAR not in os.environ:
+        import torch._inductor.config as inductor_config  # start-up cost: compiled runs only
+
+        inductor_config.compile_threads = torch.get_num_threads()
     model.compile(mode=None if mode == "default" else mode)
     log.debug(f"model compiled (torch.compile, mode {mode})")

@@ -75,6 +75,28 @@ def test_compile_option_compiles_in_place_with_plain_names() -> None:
     assert list(net.state_dict()) == keys
 
 
+@pytest.mark.parametrize("exported", [None, "3"])
+def test_kernels_compile_with_the_ranks_threads_unless_exported(monkeypatch, exported) -> None:
+    """Inductor's compile processes follow this rank's compute threads (one: in process,
+    no pool of workers); an exported TORCHINDUCTOR_COMPILE_THREADS is left to torch."""
+    import torch._inductor.config as inductor_config
+
+    if exported is None:
+        monkeypatch.delenv(accel.COMPILE_THREADS_VAR, raising=False)
+    else:
+        monkeypatch.setenv(accel.COMPILE_THREADS_VAR, exported)
+    threads, before = torch.get_num_threads(), inductor_config.compile_threads
+    try:
+        torch.set_num_threads(1)
+        inductor_config.compile_threads = 7
+        accel.compile_model(build_model("digits_cnn", (1, 8, 8), 4, 0, True), "default")
+        chosen = inductor_config.compile_threads
+    finally:
+        torch.set_num_threads(threads)
+        inductor_config.compile_threads = before
+    assert chosen == (1 if exported is None else 7)
+
+
 def test_bad_compile_mode_is_refused() -> None:
     with pytest.raises(cfgmod.ConfigError, match="compile_mode"):
         cfgmod.build(None, ["data.path=d", "run.compile_mode=fastest"])
