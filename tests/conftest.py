@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,14 @@ WORKERS = Path(__file__).resolve().parent / "parallel" / "workers"
 
 RanksFn = Callable[..., RankRun]
 
+#: Open MPI's PML for every rank the tests start: the one Open MPI selects here anyway
+#: (the system's defaults exclude UCX), named so that MPI_Init opens no other. Left to
+#: choose, each rank's MPI_Init also opens the `cm` PML and its PSM/PSM2 transports, only
+#: to find no such hardware: about 0.2 s of every rank's start, hundreds of times a suite.
+#: A value exported before the session wins; jobs on the local Slurm cluster drop every
+#: OMPI_* variable (tests/slurm/conftest.py) and choose as a site's would.
+TEST_PML = "ob1"
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Start-up cost of the hundreds of Python processes the suite starts (ranks, recipes,
@@ -27,6 +36,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     CPU for a training rank). Python reads the files even so, and recompiles any module
     whose source changed since."""
     compileall.compile_dir(REPO / "hpcdp", quiet=1)
+    os.environ.setdefault("OMPI_MCA_pml", TEST_PML)
 
 
 def ranks_in(cwd: Path) -> RanksFn:

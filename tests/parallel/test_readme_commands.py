@@ -28,9 +28,10 @@ CLONE = ("hpcdp", "datasets", "scripts", "slurm", "pyproject.toml")
 #: What the README's workstation commands must show: prep, train, using a model, plan.
 COVERED = ("mpirun -np 2 .venv/bin/python datasets/", "-m hpcdp.train", "hpcdp eval",
            "hpcdp export", "hpcdp predict", "hpcdp generate", "hpcdp plan")
-#: A user's shell has none of these (make test exports the first two).
+#: A user's shell has none of these (make test exports the first two; tests/conftest.py
+#: the PML).
 NOT_A_USERS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
-               "OMPI_MCA_rmaps_base_oversubscribe", *SETTINGS_VARS)
+               "OMPI_MCA_rmaps_base_oversubscribe", "OMPI_MCA_pml", *SETTINGS_VARS)
 
 
 def marked_blocks(text: str) -> list[tuple[int, str]]:
