@@ -280,15 +280,17 @@ def gradient_layout(run: Run) -> dict[str, Any]:
     flat bucket size (0: Horovod's fusion, HOROVOD_FUSION_THRESHOLD bytes): what
     `hpcdp plan` models the all-reduces with, read from a 1-rank run that made none."""
     seen: set[int] = set()
-    sizes = []
+    sizes, shapes = [], []
     for opt in run.optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     sizes.append(p.numel() * p.element_size())
+                    shapes.append(list(p.shape))  # PowerSGD's bytes depend on them
     fusion = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
-    return {"tensor_bytes": sizes[::-1], "bucket_bytes": bucket_bytes(run.cfg, run.device),
+    return {"tensor_bytes": sizes[::-1], "tensor_shapes": shapes[::-1],
+            "bucket_bytes": bucket_bytes(run.cfg, run.device),
             "fusion_threshold": int(fusion) if fusion.isdigit() else None,
             "sparse": bool(sparse_tables(run.model))}
 
