@@ -144,7 +144,15 @@ class HorovodConfig:
     # HOROVOD_CYCLE_TIME; negative: the environment's, else 50 ms where Horovod wakes on
     # enqueue (CPU training with hpcdp's Horovod build), else Horovod's 1 ms
     cycle_time_ms: float = -1.0
-    compression: str = "none"  # none | fp16
+    # none | fp16 | powersgd (low-rank factors with error feedback: docs/large-batch.md)
+    compression: str = "none"
+    # PowerSGD: the rank of the factors each matrix-shaped gradient is sent as
+    powersgd_rank: int = 4
+    # PowerSGD: steps averaged uncompressed first (the first factors would be poor)
+    powersgd_warmup_steps: int = 10
+    # PowerSGD: gradients of fewer elements (or vectors, or too small to gain at the
+    # rank) are sent whole, in the same all-reduce as the P factors
+    powersgd_min_elements: int = 4096
     backward_passes_per_step: int = 1  # gradient accumulation
     op: str = "average"  # average | adasum
     gradient_predivide_factor: float = 1.0  # divide before the sum, the rest after
@@ -277,7 +285,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.lr_scaling": ("linear", "sqrt", "none"),
     "optim.fused": ("auto", "off"),
     "schedule.kind": ("cosine", "step", "constant"),
-    "horovod.compression": ("none", "fp16"),
+    "horovod.compression": ("none", "fp16", "powersgd"),
     "horovod.op": ("average", "adasum"),
     "horovod.sparse_grads": ("sparse", "dense"),
 }
@@ -670,6 +678,7 @@ def _validate_more(cfg: Config) -> None:
     if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
         raise ConfigError("optim.nesterov=true needs a positive optim.momentum")
     _validate_optim(cfg)
+    _validate_powersgd(cfg.horovod, cfg.run.precision)
     if cfg.schedule.gamma <= 0:
         raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
     if any(m < 0 for m in cfg.schedule.milestones):
@@ -696,6 +705,26 @@ def stage_name_error(key: str, name: str) -> str | None:
                 "data.path (relative, without '..'), so that its copy lands inside the "
                 "stage dir")
     return None
+
+
+def _validate_powersgd(hc: HorovodConfig, precision: str) -> None:
+    """The PowerSGD keys' ranges, and what PowerSGD cannot be combined with."""
+    if hc.powersgd_rank < 1:
+        raise ConfigError(f"horovod.powersgd_rank={hc.powersgd_rank}: must be at least 1")
+    not_negative({"horovod.powersgd_warmup_steps": hc.powersgd_warmup_steps,
+                  "horovod.powersgd_min_elements": hc.powersgd_min_elements})
+    if hc.compression != "powersgd":
+        return
+    if hc.op == "adasum":
+        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
+                          "horovod.op='adasum' (PowerSGD averages)")
+    if hc.gradient_predivide_factor != 1.0:
+        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with "
+                          "horovod.compression='powersgd' (its factors are summed, then divided)")
+    if precision == "fp16":
+        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
+                          "run.precision='fp16': the residuals would carry the loss scale from "
+                          "step to step (use bf16)")
 
 
 def _validate_staging(cfg: Config) -> None:

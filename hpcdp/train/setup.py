@@ -21,6 +21,7 @@ from hpcdp.config import Config, ConfigError
 from hpcdp.data.read.protocol import TrainingReader, ValidationReader
 from hpcdp.runtime.grad_buckets import bucketed
 from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
+from hpcdp.runtime.powersgd_optimizer import compressed
 from hpcdp.tasks import Dataset, Task, read_options
 from hpcdp.train import accel
 from hpcdp.train import schedule as sched
@@ -265,6 +266,8 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     if mine & sparse_tables(model):  # flat buckets take dense gradients only
         return dist.distributed_optimizer(base, named, cfg.horovod,
                                           sparse_as_dense=cfg.horovod.sparse_grads == "dense")
+    if cfg.horovod.compression == "powersgd":
+        return powersgd_optimizer(cfg, base)
     nbytes = bucket_bytes(cfg, device)
     if nbytes:
         try:
@@ -273,6 +276,17 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
         except ValueError as e:  # parameters of several dtypes or devices
             log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
     return dist.distributed_optimizer(base, named, cfg.horovod)
+
+
+def powersgd_optimizer(cfg: Config, base: torch.optim.Optimizer) -> Any:
+    """`base` averaging its gradients by PowerSGD (hpcdp.runtime.powersgd_optimizer)."""
+    hc = cfg.horovod
+    try:
+        return compressed(base, hc.powersgd_rank, hc.powersgd_warmup_steps,
+                          hc.powersgd_min_elements, seed=cfg.run.seed)
+    except ValueError as e:  # parameters of several dtypes or devices
+        raise ConfigError(f"horovod.compression='powersgd' cannot average these "
+                          f"gradients: {e}") from e
 
 
 def gradient_layout(run: Run) -> dict[str, Any]:
