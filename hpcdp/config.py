@@ -106,15 +106,18 @@ class OptimConfig:
     follows the global batch, never the number of ranks.
     """
 
-    name: str = "sgd"  # sgd | adamw
+    name: str = "sgd"  # sgd | adamw | lars | lamb (hpcdp.optim; docs/training.md)
     lr: float = 0.1  # the peak rate for ref_batch samples per update
     ref_batch: int = 32  # the global batch (samples per update) that lr is stated for
     lr_scaling: str = "linear"  # linear | sqrt | none: how the peak rate follows the batch
     allow_lr_change: bool = False  # resume even when the peak rate would differ from the run's
-    momentum: float = 0.9  # SGD only
+    momentum: float = 0.9  # SGD and LARS
     nesterov: bool = False  # SGD with momentum only
-    weight_decay: float = 0.0  # L2 (SGD) or decoupled (AdamW) weight decay
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's (beta1, beta2)
+    # L2 (SGD, LARS) or decoupled (AdamW, LAMB) weight decay; never on biases, norm
+    # layers or embeddings (hpcdp.optim.groups)
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW/LAMB (beta1, beta2)
+    trust_coefficient: float = 0.001  # LARS's eta: a layer's rate is lr eta |w| / (|g| + wd |w|)
     grad_clip: float = 0.0  # clip the averaged gradients' global L2 norm to this; 0: off
     # auto: torch's fused kernel (one pass over every parameter) for SGD and AdamW where
     # the parameters are all dense floating-point tensors on one CPU or CUDA device | off.
@@ -124,12 +127,13 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate schedule: linear warmup, then cosine, step or constant."""
+    """Learning-rate schedule: linear warmup, then cosine, polynomial, step or constant."""
 
-    kind: str = "cosine"  # cosine | step | constant
+    kind: str = "cosine"  # cosine | polynomial | step | constant
     warmup_epochs: float = 0.0  # linear warmup to the peak rate; fractions allowed
     warmup_start_factor: float = 0.0  # warmup starts at this fraction of the peak lr
-    min_factor: float = 0.0  # cosine ends at this fraction of the peak lr
+    min_factor: float = 0.0  # cosine and polynomial end at this fraction of the peak lr
+    power: float = 2.0  # kind = "polynomial": (1 - progress)^power from the peak to the end
     milestones: list[float] = field(default_factory=list)  # epochs, for kind = "step"
     gamma: float = 0.1  # factor applied at each milestone, for kind = "step"
 
@@ -281,10 +285,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.on_nan": ("stop", "skip"),
     "run.compile_mode": ("default", "reduce-overhead", "max-autotune"),
     "run.channels_last": ("auto", "on", "off"),
-    "optim.name": ("sgd", "adamw"),
+    "optim.name": ("sgd", "adamw", "lars", "lamb"),
     "optim.lr_scaling": ("linear", "sqrt", "none"),
     "optim.fused": ("auto", "off"),
-    "schedule.kind": ("cosine", "step", "constant"),
+    "schedule.kind": ("cosine", "polynomial", "step", "constant"),
     "horovod.compression": ("none", "fp16", "powersgd"),
     "horovod.op": ("average", "adasum"),
     "horovod.sparse_grads": ("sparse", "dense"),
@@ -738,13 +742,18 @@ def _validate_staging(cfg: Config) -> None:
 
 
 def _validate_optim(cfg: Config) -> None:
-    """AdamW's betas and clipping (which needs the averaged gradients)."""
+    """Betas, clipping (which needs the averaged gradients), LARS's trust, the power."""
     betas = cfg.optim.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"optim.betas={betas}: two numbers in [0, 1)")
     if cfg.optim.grad_clip > 0 and cfg.horovod.op == "adasum":
         raise ConfigError("optim.grad_clip cannot be combined with horovod.op='adasum' (Adasum "
                           "steps inside its hooks, before any averaged gradient exists)")
+    if cfg.optim.trust_coefficient <= 0:
+        raise ConfigError(f"optim.trust_coefficient={cfg.optim.trust_coefficient}: must be "
+                          "positive")
+    if cfg.schedule.power <= 0:
+        raise ConfigError(f"schedule.power={cfg.schedule.power}: must be positive")
 
 
 def check_paths(cfg: Config) -> None:

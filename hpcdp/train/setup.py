@@ -327,8 +327,8 @@ def schedule(cfg: Config, steps_per_epoch: int, batch: int, size: int) -> sched.
     scale = sched.lr_scale(o.lr_scaling, update, o.ref_batch)
     return sched.from_epochs(o.lr, scale, s.kind, steps_per_epoch, cfg.run.epochs,
                              s.warmup_epochs, s.warmup_start_factor, s.min_factor,
-                             s.milestones, s.gamma, rule=o.lr_scaling, batch=update,
-                             ref_batch=o.ref_batch)
+                             s.milestones, s.gamma, power=s.power, rule=o.lr_scaling,
+                             batch=update, ref_batch=o.ref_batch)
 
 
 def lr_rule_text(cfg: Config, update_batch: int) -> str:
