@@ -53,7 +53,7 @@ class Workload:
 
 WORKLOADS: dict[str, Workload] = {
     "digits": Workload("digits", CONFIGS / "digits.toml", "acc", True, 8, 0.02, 8, "sgd",
-                       "lars", 2.0, "linear", ("hpcdp.data.prep.cli", "digits")),
+                       "lars", 1.0, "linear", ("hpcdp.data.prep.cli", "digits")),
     "gpt": Workload("gpt", CONFIGS / "lm_markov.toml", "loss", False, 16, 2e-3, 2, "adamw",
                     "lamb", 0.05, "sqrt",
                     ("hpcdp.data.prep.text.markov_recipe", "--docs", "8000", "--val-docs",
@@ -129,13 +129,16 @@ def case_args(w: Workload, case: Case, data: Path, run_dir: Path) -> list[str]:
 
 
 def result_of(w: Workload, case: Case, summary: Mapping[str, Any] | None,
-              seconds: float) -> dict[str, Any]:
-    """One run's row of the JSON from its summary.json (None: the run stopped on a
-    non-finite loss, a result of its own: it diverged)."""
+              seconds: float, failure: str | None = None) -> dict[str, Any]:
+    """One run's row of the JSON from its summary.json. None: the run stopped on a
+    non-finite loss, a result of its own (it diverged), or, with `failure` (the end of
+    its output), it failed otherwise."""
     row: dict[str, Any] = {"case": case.label, "workload": w.name, "mult": case.mult,
                            "batch": w.ref_batch * case.mult, "optimizer": case.optimizer,
                            "rule": case.rule, "compression": case.compression_label,
-                           "seconds": round(seconds, 1), "diverged": summary is None}
+                           "seconds": round(seconds, 1),
+                           "diverged": summary is None and failure is None,
+                           "failed": failure}
     if summary is None:
         return row
     traffic = summary.get("gradient_traffic") or {}
@@ -157,6 +160,8 @@ def versus(value: float | None, ref: float | None) -> str:
 
 
 def metric_text(r: Mapping[str, Any]) -> str:
+    if r.get("failed"):
+        return "failed"
     return "diverged" if r["diverged"] else (
         "-" if r.get("metric") is None else f"{r['metric']:.4f}")
 
@@ -210,7 +215,7 @@ def headline(results: Sequence[Mapping[str, Any]], workloads: Sequence[Workload]
         if ref is None or not at or ref.get("metric") is None:
             continue
         parts = [f"{r['optimizer']} {r['rule']} "
-                 + ("diverged" if r["diverged"] else
+                 + (metric_text(r) if r.get("metric") is None else
                     f"{r['metric']:.4f} ({versus(r['metric'], ref['metric'])})") for r in at]
         lines.append(f"{w.name} (val {w.metric}, reference {ref['metric']:.4f} with "
                      f"{ref['optimizer']} at batch {ref['batch']}): at {mult}x, "
@@ -253,7 +258,10 @@ def run_case(w: Workload, case: Case, data: Path, work: Path, np: int,
         return result_of(w, case, common.read_json(run_dir / "summary.json"), seconds)
     if not run.timed_out and "non-finite" in run.output:
         return result_of(w, case, None, seconds)
-    raise common.BenchError(f"{case.label} failed:\n{run.describe()[-6000:]}")
+    # Any other failure is kept with its output and the next case runs: one bad setting
+    # must not cost the quarter of an hour the others took.
+    print(f"{case.label} failed:\n{run.describe()[-3000:]}", file=sys.stderr, flush=True)
+    return result_of(w, case, None, seconds, failure=run.describe()[-3000:])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -343,7 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         "params": {"np": args.np, "mults": args.mults, "compressions": args.compressions,
                    "workloads": [{**vars(w), "config": str(w.config)} for w in args.workloads]}})
     print(f"wrote {path}")
-    return 0
+    failed = [r["case"] for r in results if r.get("failed")]
+    if failed:
+        print(f"hpcdp bench large-batch: {len(failed)} run(s) failed: {', '.join(failed)}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ def results() -> list[dict[str, Any]]:
             (lb.Case("digits", 8, "sgd", "sqrt"), summary(0.95)),
             (lb.Case("digits", 8, "lars", "linear"), summary(0.975)),
             (lb.Case("digits", 1, "sgd", "linear", "powersgd", 4), summary(0.96, sent=50))]
-    return [lb.result_of(DIGITS, case, s, 5.0) for case, s in made]
+    found = [lb.result_of(DIGITS, case, s, 5.0) for case, s in made]
+    return found + [lb.result_of(DIGITS, lb.Case("digits", 1, "sgd", "linear", "bf16"), None,
+                                 3.0, failure="exit 1: ConfigError")]
 
 
 def test_the_batch_table() -> None:
@@ -64,13 +66,15 @@ def test_the_batch_table() -> None:
     assert rows[0][-1] == "(reference)" and rows[0][3] == "-"
     assert rows[1][-1] == "-0.0100"  # LARS at the reference batch, against SGD's
     assert rows[2][-2:] == ["diverged", "-"]
+    assert len(rows) == 5  # the failed bf16 run is in the compression table only
     assert rows[3][-2:] == ["0.9500", "-0.0300"] and rows[4][-1] == "-0.0050"
 
 
 def test_the_compression_table() -> None:
     rows = lb.compression_rows(results())
     assert rows == [["digits", "none", "0.001", "1/1", "0.9800", "(reference)"],
-                    ["digits", "powersgd rank 4", "5e-05", "1/20", "0.9600", "-0.0200"]]
+                    ["digits", "powersgd rank 4", "5e-05", "1/20", "0.9600", "-0.0200"],
+                    ["digits", "bf16", "-", "-", "failed", "-"]]
 
 
 def test_the_headline() -> None:
