@@ -126,3 +126,24 @@ def test_stated_step_refusals(argv: list[str], message: str,
                               capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_folder_with_shapes_gets_powersgd(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from test_plan_cli import ALLREDUCE, write_run
+
+    (tmp_path / "ar.json").write_text(json.dumps(ALLREDUCE))
+    plain = write_run(tmp_path / "plain", 1, 32, 21.0)
+    argv = ["--allreduce", str(tmp_path / "ar.json"), "--max-nodes", "2"]
+    assert cli.main(["--run", str(plain), *argv]) == 0
+    assert "(PowerSGD left out: the run recorded no gradient shapes)" in capsys.readouterr().out
+    shaped = write_run(tmp_path / "shaped", 1, 32, 21.0)
+    summary = json.loads((shaped / "summary.json").read_text())
+    # The layout's 400, 600 and 1000 kB as float32 matrices, in backward's order.
+    summary["gradients"]["tensor_shapes"] = [[100, 1000], [150, 1000], [250, 1000]]
+    (shaped / "summary.json").write_text(json.dumps(summary))
+    assert cli.main(["--run", str(shaped), *argv, "--json", str(tmp_path / "p.json")]) == 0
+    assert "powersgd rank 4" in capsys.readouterr().out
+    at2 = json.loads((tmp_path / "p.json").read_text())["advice"][1]["settings"]
+    psgd = next(s for s in at2 if s["label"] == "powersgd rank 4")
+    assert psgd["sent_bytes"] == 4 * 4 * (100 + 150 + 250 + 3 * 1000)
