@@ -113,33 +113,39 @@ def bytes_per_step(shapes: Sequence[Sequence[int]], rank: int, min_elements: int
     return (lay.p_elements + lay.q_elements) * elem_bytes, lay.elements * elem_bytes
 
 
-def orthogonalise_(p: torch.Tensor) -> None:
-    """Give the columns of `p` (n x r) unit length and make each orthogonal to those
-    before it, in place (Gram-Schmidt, each projection applied twice for accuracy).
+def orthogonalise_(pt: torch.Tensor) -> None:
+    """Give the rows of `pt` (P transposed: r x n) unit length and make each orthogonal to
+    those before it, in place (Gram-Schmidt, each projection applied twice for accuracy).
 
     A fixed sequence of operations on its input: ranks that hold the same reduced P
     get the same bits.
     """
-    for i in range(p.shape[1]):
-        col = p[:, i:i + 1]
+    for i in range(pt.shape[0]):
+        row = pt[i:i + 1]
         if i:
-            done = p[:, :i]
+            done = pt[:i]
             for _ in range(2):
-                col.sub_(done @ (done.T @ col))
-        col.div_(torch.linalg.vector_norm(col) + EPS)
+                row.sub_((row @ done.T) @ done)
+        row.div_(torch.linalg.vector_norm(row) + EPS)
 
 
 def fresh_q(m: int, rank: int, seed: int, index: int, device: torch.device,
             dtype: torch.dtype) -> torch.Tensor:
-    """A starting Q (m x r), standard normal, the same on every rank (drawn on the CPU from
-    a generator of its own, so neither the device nor the global random state matters)."""
+    """A starting Q, transposed (r x m), standard normal, the same on every rank (drawn on
+    the CPU from a generator of its own: neither the device nor the global random state
+    matters)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
-    return torch.randn(m, rank, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    return torch.randn(rank, m, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
 
 class Codec:
     """One rank's PowerSGD state for gradients of fixed shapes: the Q factors (the same on
-    every rank), the residuals (this rank's own), the buffers the all-reduces work on."""
+    every rank), the residuals (this rank's own), the buffers the all-reduces work on.
+
+    The buffers hold the factors transposed (P^T: r x n, Q^T: r x m, each contiguous):
+    the same numbers, in the layout whose matrix products are fast for a small r
+    (P^T = Q^T M^T, Q^T = P^T M, P Q^T = (P^T)^T Q^T).
+    """
 
     def __init__(self, shapes: Sequence[Sequence[int]], rank: int, min_elements: int,
                  world: int, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
@@ -155,13 +161,13 @@ class Codec:
 
     # -- views ---------------------------------------------------------------------------
 
-    def _p(self, i: int) -> torch.Tensor:
+    def _pt(self, i: int) -> torch.Tensor:
         a, b = self.layout.p_slices[i]
-        return self.p_flat[a:b].view(-1, self.layout.rank)
+        return self.p_flat[a:b].view(self.layout.rank, -1)
 
-    def _q(self, i: int) -> torch.Tensor:
+    def _qt(self, i: int) -> torch.Tensor:
         a, b = self.layout.q_slices[i]
-        return self.q_flat[a:b].view(-1, self.layout.rank)
+        return self.q_flat[a:b].view(self.layout.rank, -1)
 
     def _m(self, i: int) -> torch.Tensor:
         """The residual buffer seen as a matrix; between compose and expand it holds M."""
@@ -171,7 +177,7 @@ class Codec:
         """Fresh Q factors and zero residuals (the start, or after non-finite factors)."""
         for i in self.layout.compressed:
             n, m = matrix_shape(self.layout.shapes[i])  # type: ignore[misc]
-            self._q(i).copy_(fresh_q(m, self.layout.rank, self.seed, i, self.device, self.dtype))
+            self._qt(i).copy_(fresh_q(m, self.layout.rank, self.seed, i, self.device, self.dtype))
             self.residuals[i].zero_()
 
     @property
@@ -187,7 +193,7 @@ class Codec:
         for i in self.layout.compressed:
             m = self._m(i)
             m.add_(grads[i].reshape(m.shape))
-            torch.matmul(m, self._q(i), out=self._p(i))
+            torch.matmul(self._qt(i), m.T, out=self._pt(i))
         for i in self.layout.plain:
             a, b = self.layout.p_slices[i]
             self.p_flat[a:b].copy_(grads[i].reshape(-1))
@@ -198,9 +204,9 @@ class Codec:
         all-reduce (sum) in place."""
         self.p_flat.div_(self.world)
         for i in self.layout.compressed:
-            p = self._p(i)
-            orthogonalise_(p)
-            torch.matmul(self._m(i).T, p, out=self._q(i))
+            pt = self._pt(i)
+            orthogonalise_(pt)
+            torch.matmul(pt, self._m(i), out=self._qt(i))
         return self.q_flat
 
     def expand(self, grads: Sequence[torch.Tensor]) -> bool:
@@ -213,9 +219,14 @@ class Codec:
         """
         self.q_flat.div_(self.world)
         for i in self.layout.compressed:
-            approx = self._p(i) @ self._q(i).T
-            self._m(i).sub_(approx)
-            grads[i].copy_(approx.view(grads[i].shape))
+            m = self._m(i)
+            if grads[i].is_contiguous():  # the product written where it goes: no copy
+                approx = grads[i].view(m.shape)
+                torch.matmul(self._pt(i).T, self._qt(i), out=approx)
+            else:
+                approx = self._pt(i).T @ self._qt(i)
+                grads[i].copy_(approx.view(grads[i].shape))
+            m.sub_(approx)
         for i in self.layout.plain:
             a, b = self.layout.p_slices[i]
             grads[i].copy_(self.p_flat[a:b].view(grads[i].shape))

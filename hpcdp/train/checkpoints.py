@@ -3,8 +3,9 @@
 The file format (checksummed, atomic) is hpcdp.train.checkpoint_files's; the policy is here:
 
 - what a checkpoint holds is built in one place (`CheckpointManager.state`):
-  model, optimizers, scaler, reader position, train state, every rank's RNG
-  and training-metric sums since the last report, the config and the schedule;
+  model, optimizers, scaler, reader position, train state, every rank's RNG,
+  training-metric sums since the last report and PowerSGD state (its residuals
+  are per rank), the config and the schedule;
 - keep-k: after each write the newest `checkpoint.keep` files stay. A file that
   fails verification is moved aside as `*.corrupt` when a run looks for its
   checkpoint, so it never holds a slot that a good one needs;

@@ -56,16 +56,16 @@ def test_resnet18_at_rank_4_sends_under_a_twentieth() -> None:
     assert codec.p_flat.numel() + codec.q_flat.numel() == sent // 4
 
 
-def test_orthogonalise_gives_orthonormal_columns_the_same_bits_each_time() -> None:
-    p = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
-    a, b = p.clone(), p.clone()
+def test_orthogonalise_gives_orthonormal_rows_the_same_bits_each_time() -> None:
+    pt = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))  # P^T: rows
+    a, b = pt.clone(), pt.clone()
     orthogonalise_(a)
     orthogonalise_(b)
     assert torch.equal(a, b)
-    torch.testing.assert_close(a.T @ a, torch.eye(4), atol=1e-5, rtol=0)
-    zero = torch.zeros(5, 2)
+    torch.testing.assert_close(a @ a.T, torch.eye(4), atol=1e-5, rtol=0)
+    zero = torch.zeros(2, 5)
     orthogonalise_(zero)
-    assert torch.equal(zero, torch.zeros(5, 2))  # a zero gradient stays zero, not NaN
+    assert torch.equal(zero, torch.zeros(2, 5))  # a zero gradient stays zero, not NaN
 
 
 def test_ranks_get_the_same_bits_and_the_residuals_keep_what_was_not_sent() -> None:
@@ -160,3 +160,18 @@ def test_state_round_trip_and_a_state_for_other_gradients() -> None:
 def test_rank_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="rank must be at least 1"):
         layout([(4, 4)], 0, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_as_on_the_cpu() -> None:
+    shapes = [(64, 3, 3, 3), (64,), (10, 64)]
+    gen = torch.Generator().manual_seed(2)
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(2)]
+    on_gpu = [[g.cuda() for g in gs] for gs in grads]
+    cpu = codecs(shapes, 2)
+    gpu = [Codec(shapes, 2, 1, 2, torch.device("cuda"), torch.float32, seed=3) for _ in range(2)]
+    reduce(cpu, grads)
+    reduce(gpu, on_gpu)
+    assert torch.equal(on_gpu[0][0], on_gpu[1][0])
+    for a, b in zip(grads[0], on_gpu[0]):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-4)
