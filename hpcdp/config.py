@@ -164,7 +164,7 @@ class HorovodConfig:
     # (hpcdp.runtime.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
     # Horovod's fusion); negative: 64 MiB buckets on CPUs, the DistributedOptimizer on
     # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
-    # a model with sparse gradients (set 0).
+    # a model with sparse gradients (set 0). PowerSGD makes its own all-reduces.
     bucket_mb: float = -1.0
     # Gradients of sparse embedding tables (nn.Embedding(sparse=True)): sparse (Horovod
     # all-gathers each rank's rows and ids) | dense (sparse_as_dense: the whole table is
