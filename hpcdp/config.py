@@ -148,7 +148,9 @@ class HorovodConfig:
     # HOROVOD_CYCLE_TIME; negative: the environment's, else 50 ms where Horovod wakes on
     # enqueue (CPU training with hpcdp's Horovod build), else Horovod's 1 ms
     cycle_time_ms: float = -1.0
-    # none | fp16 | powersgd (low-rank factors with error feedback: docs/large-batch.md)
+    # none | fp16 | bf16 (bfloat16 on the wire through hpcdp's gradient buckets, as
+    # Horovod has no bf16 all-reduce: docs/training.md) | powersgd (low-rank factors
+    # with error feedback: docs/large-batch.md)
     compression: str = "none"
     # PowerSGD: the rank of the factors each matrix-shaped gradient is sent as
     powersgd_rank: int = 4
@@ -164,7 +166,8 @@ class HorovodConfig:
     # (hpcdp.runtime.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
     # Horovod's fusion); negative: 64 MiB buckets on CPUs, the DistributedOptimizer on
     # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
-    # a model with sparse gradients (set 0). PowerSGD makes its own all-reduces.
+    # a model with sparse gradients (set 0). PowerSGD makes its own all-reduces; bf16
+    # compression always uses the buckets (64 MiB where negative, on GPUs too).
     bucket_mb: float = -1.0
     # Gradients of sparse embedding tables (nn.Embedding(sparse=True)): sparse (Horovod
     # all-gathers each rank's rows and ids) | dense (sparse_as_dense: the whole table is
@@ -289,7 +292,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.lr_scaling": ("linear", "sqrt", "none"),
     "optim.fused": ("auto", "off"),
     "schedule.kind": ("cosine", "polynomial", "step", "constant"),
-    "horovod.compression": ("none", "fp16", "powersgd"),
+    "horovod.compression": ("none", "fp16", "bf16", "powersgd"),
     "horovod.op": ("average", "adasum"),
     "horovod.sparse_grads": ("sparse", "dense"),
 }
@@ -754,6 +757,20 @@ def _validate_optim(cfg: Config) -> None:
                           "positive")
     if cfg.schedule.power <= 0:
         raise ConfigError(f"schedule.power={cfg.schedule.power}: must be positive")
+    _validate_bf16(cfg.horovod)
+
+
+def _validate_bf16(hc: HorovodConfig) -> None:
+    """bf16 compression travels in hpcdp's gradient buckets, which average (no Adasum)."""
+    if hc.compression != "bf16":
+        return
+    if hc.op == "adasum":
+        raise ConfigError("horovod.compression='bf16' cannot be combined with "
+                          "horovod.op='adasum' (bf16 travels in hpcdp's averaging buckets)")
+    if hc.bucket_mb == 0:
+        raise ConfigError("horovod.compression='bf16' needs hpcdp's gradient buckets "
+                          "(Horovod 0.28 all-reduces no bf16): set horovod.bucket_mb to a "
+                          "size in MiB or -1, not 0")
 
 
 def check_paths(cfg: Config) -> None:

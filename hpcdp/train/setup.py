@@ -240,6 +240,8 @@ def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
 def bucket_bytes(cfg: Config, device: torch.device) -> int:
     """Flat gradient bucket size in bytes, or 0 for Horovod's DistributedOptimizer."""
     hc = cfg.horovod
+    if hc.compression == "bf16":  # travels in hpcdp's buckets only (Horovod has no bf16)
+        return CPU_BUCKET_BYTES if hc.bucket_mb < 0 else max(1, int(hc.bucket_mb * (1 << 20)))
     if hc.op == "adasum" or hc.compression != "none" or hc.bucket_mb == 0:
         return 0
     if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.runtime.grad_buckets)
@@ -269,11 +271,15 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     if cfg.horovod.compression == "powersgd":
         return powersgd_optimizer(cfg, base)
     nbytes = bucket_bytes(cfg, device)
+    bf16 = cfg.horovod.compression == "bf16"
     if nbytes:
         try:
             return bucketed(base, nbytes, cfg.horovod.backward_passes_per_step,
-                            cfg.horovod.gradient_predivide_factor)
+                            cfg.horovod.gradient_predivide_factor, bf16=bf16)
         except ValueError as e:  # parameters of several dtypes or devices
+            if bf16:
+                raise ConfigError(f"horovod.compression='bf16' cannot average these "
+                                  f"gradients: {e}") from e
             log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
     return dist.distributed_optimizer(base, named, cfg.horovod)
 
