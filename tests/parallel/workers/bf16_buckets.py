@@ -28,7 +28,7 @@ def main() -> int:
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(37, 23), torch.nn.Linear(23, 5))
-    opt = bucketed(torch.optim.SGD(model.parameters(), lr=0.1), bucket_bytes=1500, bf16=True)
+    opt = bucketed(torch.optim.SGD(model.parameters(), lr=0.1), bucket_bytes=400, bf16=True)
     gen = torch.Generator().manual_seed(100 + rank)
     for p in model.parameters():
         g = torch.randn(p.shape, generator=gen)
