@@ -52,9 +52,9 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "digits": Workload("digits", CONFIGS / "digits.toml", "acc", True, 8, 0.02, 8, "sgd",
+    "digits": Workload("digits", CONFIGS / "digits.toml", "acc", True, 8, 0.02, 32, "sgd",
                        "lars", 1.0, "linear", ("hpcdp.data.prep.cli", "digits")),
-    "gpt": Workload("gpt", CONFIGS / "lm_markov.toml", "loss", False, 16, 2e-3, 2, "adamw",
+    "gpt": Workload("gpt", CONFIGS / "lm_markov.toml", "loss", False, 16, 2e-3, 8, "adamw",
                     "lamb", 0.05, "sqrt",
                     ("hpcdp.data.prep.text.markov_recipe", "--docs", "8000", "--val-docs",
                      "500")),
