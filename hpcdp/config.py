@@ -106,15 +106,18 @@ class OptimConfig:
     follows the global batch, never the number of ranks.
     """
 
-    name: str = "sgd"  # sgd | adamw
+    name: str = "sgd"  # sgd | adamw | lars | lamb (hpcdp.optim; docs/training.md)
     lr: float = 0.1  # the peak rate for ref_batch samples per update
     ref_batch: int = 32  # the global batch (samples per update) that lr is stated for
     lr_scaling: str = "linear"  # linear | sqrt | none: how the peak rate follows the batch
     allow_lr_change: bool = False  # resume even when the peak rate would differ from the run's
-    momentum: float = 0.9  # SGD only
+    momentum: float = 0.9  # SGD and LARS
     nesterov: bool = False  # SGD with momentum only
-    weight_decay: float = 0.0  # L2 (SGD) or decoupled (AdamW) weight decay
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's (beta1, beta2)
+    # L2 (SGD, LARS) or decoupled (AdamW, LAMB) weight decay; never on biases, norm
+    # layers or embeddings (hpcdp.optim.groups)
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW/LAMB (beta1, beta2)
+    trust_coefficient: float = 0.001  # LARS's eta: a layer's rate is lr eta |w| / (|g| + wd |w|)
     grad_clip: float = 0.0  # clip the averaged gradients' global L2 norm to this; 0: off
     # auto: torch's fused kernel (one pass over every parameter) for SGD and AdamW where
     # the parameters are all dense floating-point tensors on one CPU or CUDA device | off.
@@ -124,12 +127,13 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate schedule: linear warmup, then cosine, step or constant."""
+    """Learning-rate schedule: linear warmup, then cosine, polynomial, step or constant."""
 
-    kind: str = "cosine"  # cosine | step | constant
+    kind: str = "cosine"  # cosine | polynomial | step | constant
     warmup_epochs: float = 0.0  # linear warmup to the peak rate; fractions allowed
     warmup_start_factor: float = 0.0  # warmup starts at this fraction of the peak lr
-    min_factor: float = 0.0  # cosine ends at this fraction of the peak lr
+    min_factor: float = 0.0  # cosine and polynomial end at this fraction of the peak lr
+    power: float = 2.0  # kind = "polynomial": (1 - progress)^power from the peak to the end
     milestones: list[float] = field(default_factory=list)  # epochs, for kind = "step"
     gamma: float = 0.1  # factor applied at each milestone, for kind = "step"
 
@@ -144,7 +148,17 @@ class HorovodConfig:
     # HOROVOD_CYCLE_TIME; negative: the environment's, else 50 ms where Horovod wakes on
     # enqueue (CPU training with hpcdp's Horovod build), else Horovod's 1 ms
     cycle_time_ms: float = -1.0
-    compression: str = "none"  # none | fp16
+    # none | fp16 | bf16 (bfloat16 on the wire through hpcdp's gradient buckets, as
+    # Horovod has no bf16 all-reduce: docs/training.md) | powersgd (low-rank factors
+    # with error feedback: docs/large-batch.md)
+    compression: str = "none"
+    # PowerSGD: the rank of the factors each matrix-shaped gradient is sent as
+    powersgd_rank: int = 4
+    # PowerSGD: steps averaged uncompressed first (the first factors would be poor)
+    powersgd_warmup_steps: int = 10
+    # PowerSGD: gradients of fewer elements (or vectors, or too small to gain at the
+    # rank) are sent whole, in the same all-reduce as the P factors
+    powersgd_min_elements: int = 4096
     backward_passes_per_step: int = 1  # gradient accumulation
     op: str = "average"  # average | adasum
     gradient_predivide_factor: float = 1.0  # divide before the sum, the rest after
@@ -152,7 +166,8 @@ class HorovodConfig:
     # (hpcdp.runtime.grad_buckets); 0: Horovod's DistributedOptimizer (per-tensor requests,
     # Horovod's fusion); negative: 64 MiB buckets on CPUs, the DistributedOptimizer on
     # GPUs. Adasum and fp16 compression always use the DistributedOptimizer; so must
-    # a model with sparse gradients (set 0).
+    # a model with sparse gradients (set 0). PowerSGD makes its own all-reduces; bf16
+    # compression always uses the buckets (64 MiB where negative, on GPUs too).
     bucket_mb: float = -1.0
     # Gradients of sparse embedding tables (nn.Embedding(sparse=True)): sparse (Horovod
     # all-gathers each rank's rows and ids) | dense (sparse_as_dense: the whole table is
@@ -273,11 +288,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.on_nan": ("stop", "skip"),
     "run.compile_mode": ("default", "reduce-overhead", "max-autotune"),
     "run.channels_last": ("auto", "on", "off"),
-    "optim.name": ("sgd", "adamw"),
+    "optim.name": ("sgd", "adamw", "lars", "lamb"),
     "optim.lr_scaling": ("linear", "sqrt", "none"),
     "optim.fused": ("auto", "off"),
-    "schedule.kind": ("cosine", "step", "constant"),
-    "horovod.compression": ("none", "fp16"),
+    "schedule.kind": ("cosine", "polynomial", "step", "constant"),
+    "horovod.compression": ("none", "fp16", "bf16", "powersgd"),
     "horovod.op": ("average", "adasum"),
     "horovod.sparse_grads": ("sparse", "dense"),
 }
@@ -670,6 +685,7 @@ def _validate_more(cfg: Config) -> None:
     if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
         raise ConfigError("optim.nesterov=true needs a positive optim.momentum")
     _validate_optim(cfg)
+    _validate_powersgd(cfg.horovod, cfg.run.precision)
     if cfg.schedule.gamma <= 0:
         raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
     if any(m < 0 for m in cfg.schedule.milestones):
@@ -698,6 +714,26 @@ def stage_name_error(key: str, name: str) -> str | None:
     return None
 
 
+def _validate_powersgd(hc: HorovodConfig, precision: str) -> None:
+    """The PowerSGD keys' ranges, and what PowerSGD cannot be combined with."""
+    if hc.powersgd_rank < 1:
+        raise ConfigError(f"horovod.powersgd_rank={hc.powersgd_rank}: must be at least 1")
+    not_negative({"horovod.powersgd_warmup_steps": hc.powersgd_warmup_steps,
+                  "horovod.powersgd_min_elements": hc.powersgd_min_elements})
+    if hc.compression != "powersgd":
+        return
+    if hc.op == "adasum":
+        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
+                          "horovod.op='adasum' (PowerSGD averages)")
+    if hc.gradient_predivide_factor != 1.0:
+        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with "
+                          "horovod.compression='powersgd' (its factors are summed, then divided)")
+    if precision == "fp16":
+        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
+                          "run.precision='fp16': the residuals would carry the loss scale from "
+                          "step to step (use bf16)")
+
+
 def _validate_staging(cfg: Config) -> None:
     """File names that keep their copies inside data.stage_dir (expanded later, per node)."""
     if not cfg.data.stage_dir:
@@ -709,13 +745,32 @@ def _validate_staging(cfg: Config) -> None:
 
 
 def _validate_optim(cfg: Config) -> None:
-    """AdamW's betas and clipping (which needs the averaged gradients)."""
+    """Betas, clipping (which needs the averaged gradients), LARS's trust, the power."""
     betas = cfg.optim.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"optim.betas={betas}: two numbers in [0, 1)")
     if cfg.optim.grad_clip > 0 and cfg.horovod.op == "adasum":
         raise ConfigError("optim.grad_clip cannot be combined with horovod.op='adasum' (Adasum "
                           "steps inside its hooks, before any averaged gradient exists)")
+    if cfg.optim.trust_coefficient <= 0:
+        raise ConfigError(f"optim.trust_coefficient={cfg.optim.trust_coefficient}: must be "
+                          "positive")
+    if cfg.schedule.power <= 0:
+        raise ConfigError(f"schedule.power={cfg.schedule.power}: must be positive")
+    _validate_bf16(cfg.horovod)
+
+
+def _validate_bf16(hc: HorovodConfig) -> None:
+    """bf16 compression travels in hpcdp's gradient buckets, which average (no Adasum)."""
+    if hc.compression != "bf16":
+        return
+    if hc.op == "adasum":
+        raise ConfigError("horovod.compression='bf16' cannot be combined with "
+                          "horovod.op='adasum' (bf16 travels in hpcdp's averaging buckets)")
+    if hc.bucket_mb == 0:
+        raise ConfigError("horovod.compression='bf16' needs hpcdp's gradient buckets "
+                          "(Horovod 0.28 all-reduces no bf16): set horovod.bucket_mb to a "
+                          "size in MiB or -1, not 0")
 
 
 def check_paths(cfg: Config) -> None:

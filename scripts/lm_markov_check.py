@@ -23,6 +23,7 @@ import torch
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.read.tokens import TokenReader
 from hpcdp.models import gpt
+from hpcdp.optim.groups import param_groups
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -50,7 +51,7 @@ def train(data: Path, steps: int, seq_len: int, batch: int, cfg: gpt.GPTConfig, 
           seed: int, log_every: int) -> dict[str, float]:
     torch.manual_seed(seed)
     model = gpt.GPT(cfg)
-    opt = torch.optim.AdamW(gpt.param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(param_groups(model, 0.1, adaptive=False), lr=lr, betas=(0.9, 0.95))
     reader = TokenReader(data / "train.h5", seq_len=seq_len, batch_size=batch, seed=seed)
     step, epoch, start = 0, 0, time.perf_counter()
     while step < steps:

@@ -25,9 +25,12 @@ BENCHMARKS: dict[str, str] = {
     "prep": "parallel dataset preparation, 1 rank vs 2 ranks",
     "train": "weak scaling of real training, 1 vs 2 ranks, step-time split (or --mode ceiling)",
     "gpu": "one GPU: ResNet-50, GPT-2 124M, DLRM, eager and compiled (--tiny: CPU check)",
+    "large-batch": "the result at 8x and 32x the batch (SGD/AdamW vs LARS/LAMB), compression",
 }
 #: Benchmarks that need a GPU: left out of `all` unless named in --only.
 GPU_ONLY = ("gpu",)
+#: Benchmarks of a quarter of an hour and more: left out of `all` unless named in --only.
+LONG = ("large-batch",)
 #: Each plain launcher's samples/s over the ceiling's (hpcdp.bench.ceiling; here so that
 #: this module imports nothing heavy).
 TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
@@ -110,7 +113,8 @@ def run_all(argv: list[str]) -> int:
     """Every benchmark in turn into one folder, then the table of targets."""
     p = argparse.ArgumentParser(prog="hpcdp bench all")
     p.add_argument("--out", default="bench/results", help="folder for every JSON and PNG")
-    p.add_argument("--only", default=",".join(n for n in BENCHMARKS if n not in GPU_ONLY),
+    p.add_argument("--only", default=",".join(n for n in BENCHMARKS
+                                              if n not in (*GPU_ONLY, *LONG)),
                    help="comma list of benchmarks")
     args = parse_args(p, argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -123,7 +127,8 @@ def run_all(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== hpcdp bench {name} ===", flush=True)
         start = time.monotonic()
-        code = int(importlib.import_module(f"hpcdp.bench.{name}").main(["--out", str(out)]) or 0)
+        module = importlib.import_module(f"hpcdp.bench.{module_name(name)}")
+        code = int(module.main(["--out", str(out)]) or 0)
         print(f"=== {name}: exit {code} after {time.monotonic() - start:.0f}s ===", flush=True)
         path = out / f"{name}.json"
         if code or not path.exists():
@@ -142,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: hpcdp bench <what> [options]\n\nbenchmarks:")
         for name, help_ in BENCHMARKS.items():
-            print(f"  {name:<10} {help_}")
-        print(f"  {'all':<10} every benchmark in turn into --out DIR, then a table of targets")
+            print(f"  {name:<12} {help_}")
+        print(f"  {'all':<12} every benchmark in turn into --out DIR, then a table of targets")
         return 0
     name = args[0]
     if name == "all":
@@ -154,5 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(f"hpcdp.bench.{name}")
+    module = importlib.import_module(f"hpcdp.bench.{module_name(name)}")
     return int(module.main(args[1:]) or 0)
+
+
+def module_name(benchmark: str) -> str:
+    """The module of a benchmark's name: `large-batch` is hpcdp.bench.large_batch."""
+    return benchmark.replace("-", "_")

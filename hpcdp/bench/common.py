@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp import files
-from hpcdp.runtime.launcher import LAUNCHERS, run_ranks
+from hpcdp.runtime.launcher import LAUNCHERS, RankRun, run_ranks
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
           "G": 2**30, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -338,3 +338,11 @@ def run_worker(
     if not run.ok:
         raise BenchError(f"configuration {config.name!r} failed:\n{run.describe()[-6000:]}")
     return read_json(path)
+
+
+def train_ranks(train_args: Sequence[str], np: int = 2, timeout: float = 600.0) -> RankRun:
+    """`python -m hpcdp.train ARGS` on `np` ranks under mpirun, bounded: the RankRun
+    (the caller decides what a failure means: a diverged run is a result)."""
+    env = {"PYTHONPATH": pythonpath()}
+    return run_ranks([sys.executable, "-m", "hpcdp.train", *train_args], np=np,
+                     launcher="mpirun", timeout=timeout, env=env)

@@ -126,6 +126,7 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
 
     from hpcdp.data.read.tokens import TokenReader
     from hpcdp.models import gpt
+    from hpcdp.optim.groups import param_groups
 
     reader = TokenReader(Path(args.data) / "train.h5", seq_len=args.seq_len,
                          batch_size=args.batch, rank=rank, world_size=size, seed=0)
@@ -133,7 +134,8 @@ def gpt_parts(args: argparse.Namespace, rank: int, size: int) -> tuple[Any, Any,
     model = gpt.GPT(gpt.GPTConfig(reader.vocab_size, args.seq_len, layers=args.layers,
                                   heads=args.heads, width=args.width or 64))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(gpt.param_groups(ddp.module, 0.1), lr=3e-3, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(param_groups(ddp.module, 0.1, adaptive=False), lr=3e-3,
+                            betas=(0.9, 0.95))
     return reader, ddp, opt, lambda x, y: gpt.lm_loss(ddp(x), y)
 
 

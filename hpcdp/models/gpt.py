@@ -192,14 +192,6 @@ def num_params(model: nn.Module, embeddings: bool = True) -> int:
     return total
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay on matrices and embeddings (2-D and up), none on biases and norms."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
-
-
 def flops_per_token(cfg: GPTConfig, params: int, context: int | None = None) -> float:
     """Training FLOPs per token: ``6 N + 12 L d T`` (forward and backward).
 

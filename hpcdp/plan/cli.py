@@ -3,6 +3,11 @@
   hpcdp plan --config CFG [key=value ...] --allreduce intra.json [--allreduce-inter inter.json]
   hpcdp plan --run RUN_DIR --site NAME            # a finished 1-rank run, the site's network
   hpcdp plan --check --run ONE_RANK_DIR --against RUN_DIR:NODES ... --allreduce intra.json
+  hpcdp plan --model resnet50 --compute-ms 100 --global-batch 1024 --site NAME   # stated
+
+After the node counts, the advice: each node count's efficiency with no
+compression, bf16, PowerSGD (--powersgd-rank) and accumulation (--accumulate),
+and the cheapest in accuracy that meets --target.
 
 The measurement is one rank training at the per-rank batch of one node
 (--global-batch / --ranks-per-node); the network is fitted from `hpcdp bench
@@ -20,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp.cliargs import parse_args
-from hpcdp.plan import model, network
+from hpcdp.plan import advise, model, network
 from hpcdp.plan.measure import Measured, MeasureError, cores, measure, read_run, step_of
+from hpcdp.plan.stated import Shape, model_gradients, stated_step
 
 # Shared with the table's notes: where each input came from.
 Sources = list[str]
@@ -36,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--run", type=Path, help="a finished 1-rank run folder to read instead")
     src.add_argument("--run-half", type=Path,
                      help="with --run: the same at half the batch (the compute's fixed part)")
+    src.add_argument("--model", help="a stated step instead: one of hpcdp's image models "
+                                     "(its gradient layout built here), with --compute-ms")
+    src.add_argument("--compute-ms", type=float,
+                     help="with --model: one rank's step, measured elsewhere (e.g. its GPU)")
+    src.add_argument("--measured-batch", type=int, default=32,
+                     help="with --model: the samples per rank --compute-ms was measured at")
+    src.add_argument("--sample-shape", default="3,224,224", help="with --model: C,H,W")
+    src.add_argument("--classes", type=int, default=1000, help="with --model: classes")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value",
                    help="training config overrides for the measurement")
     net = p.add_argument_group("the network model")
@@ -58,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "site's, else 1)")
     lay.add_argument("--max-nodes", type=int, default=8)
     lay.add_argument("--target", type=float, default=0.8, help="scaling efficiency to meet")
+    adv = p.add_argument_group("the advice (what to change when the network sets the pace)")
+    adv.add_argument("--powersgd-rank", type=int, default=4,
+                     help="the PowerSGD rank to predict (horovod.powersgd_rank)")
+    adv.add_argument("--accumulate", type=int, default=4,
+                     help="micro-batches per all-reduce to predict "
+                          "(horovod.backward_passes_per_step)")
     mod = p.add_argument_group("model assumptions")
     mod.add_argument("--backward-share", type=float, default=2 / 3,
                      help="backward's share of the compute, the part all-reduces hide behind")
@@ -205,36 +225,77 @@ def check_rows(label: str, step: model.Step, net: model.Network,
     return rows
 
 
+def refused(args: argparse.Namespace) -> str | None:
+    """Why the options cannot go together, before anything is measured; None when they can."""
+    if sum(x is not None for x in (args.config, args.run, args.model)) != 1:
+        return ("give --config CFG (measure now), --run DIR (read a 1-rank run) or --model "
+                "NAME --compute-ms MS (a stated step)")
+    if (args.model is None) != (args.compute_ms is None):
+        return "--model and --compute-ms go together (a stated step)"
+    if args.model and args.check:
+        return "--check compares measured runs: give --run, not --model"
+    rpn = args.ranks_per_node
+    if not 0 < args.target <= 1 or args.max_nodes < 1 or (rpn is not None and rpn < 1):
+        return "--target must be within (0, 1], --max-nodes and --ranks-per-node positive"
+    if args.powersgd_rank < 1 or args.accumulate < 2:
+        return "--powersgd-rank must be positive and --accumulate at least 2"
+    if args.check and not args.against:
+        return "--check needs --against RUN_DIR[:NODES]"
+    return None
+
+
+def stated(args: argparse.Namespace, sources: Sources) -> tuple[model.Step, list[Shape], int]:
+    """The Step, gradient shapes and global batch of --model with --compute-ms."""
+    from hpcdp.runtime.hvd_settings import HOROVOD_FUSION_BYTES
+
+    sample = tuple(int(v) for v in args.sample_shape.split(","))
+    shapes = model_gradients(args.model, sample, args.classes)
+    fusion = args.fusion_bytes or HOROVOD_FUSION_BYTES
+    step = stated_step(shapes, args.compute_ms, args.measured_batch, fusion,
+                       args.backward_share, not args.no_overlap)
+    sources.append(f"stated step: {args.model} ({len(shapes)} gradients, "
+                   f"{step.gradient_bytes / 1e6:.1f} MB), compute {args.compute_ms} ms at "
+                   f"{args.measured_batch} samples per rank, data 0; fusion buffers of "
+                   f"{fusion / 2**20:.0f} MiB")
+    global_batch = args.global_batch or args.measured_batch
+    return step, shapes, global_batch
+
+
+def planned(args: argparse.Namespace, rpn: int, sources: Sources
+            ) -> tuple[model.Step, list[Shape] | None, int, Measured | None]:
+    """The Step, the gradient shapes (None: the run recorded none), the global batch, and the
+    measurement it came from (None for a stated step)."""
+    if args.model:
+        return (*stated(args, sources), None)
+    m, half = measured(args, args.global_batch, rpn, sources)
+    step = step_of(m, args.backward_share, not args.no_overlap, args.fusion_bytes, half)
+    shapes = m.layout.get("tensor_shapes")
+    global_batch = args.global_batch
+    if global_batch is None and not args.check:
+        if not m.global_batch_fixed:
+            raise MeasureError(f"{m.run_dir} trained with a per-rank batch: pass "
+                               "--global-batch (fixed for every node count)")
+        global_batch = m.global_batch * rpn
+    return step, [tuple(s) for s in shapes] if shapes else None, global_batch or 0, m
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
-    if (args.config is None) == (args.run is None):
-        print("hpcdp plan: give --config CFG (measure now) or --run DIR (read a 1-rank run)",
-              file=sys.stderr)
-        return 2
-    rpn_given = args.ranks_per_node
-    if not 0 < args.target <= 1 or args.max_nodes < 1 or (rpn_given is not None
-                                                          and rpn_given < 1):
-        print("hpcdp plan: --target must be within (0, 1], --max-nodes and --ranks-per-node "
-              "positive", file=sys.stderr)
-        return 2
-    if args.check and not args.against:
-        print("hpcdp plan: --check needs --against RUN_DIR[:NODES]", file=sys.stderr)
+    why = refused(args)
+    if why:
+        print(f"hpcdp plan: {why}", file=sys.stderr)
         return 2
     sources: Sources = []
     try:
         net, site_rpn = network_model(args, sources)
         rpn = args.ranks_per_node or site_rpn or 1
-        m, half = measured(args, args.global_batch, rpn, sources)
-        step = step_of(m, args.backward_share, not args.no_overlap, args.fusion_bytes, half)
-        if args.check:
+        step, shapes, global_batch, m = planned(args, rpn, sources)
+        if args.check and m is not None:
             return check(args, step, net, m, sources)
-        global_batch = args.global_batch
-        if global_batch is None:
-            if not m.global_batch_fixed:
-                raise MeasureError(f"{m.run_dir} trained with a per-rank batch: pass "
-                                   "--global-batch (fixed for every node count)")
-            global_batch = m.global_batch * rpn
         preds = model.predict(step, net, args.max_nodes, rpn, global_batch)
+        chosen = advise.settings(args.powersgd_rank, args.accumulate)
+        per_nodes = advise.compare(step, net, chosen, shapes, args.max_nodes, rpn,
+                                   global_batch)
     except (MeasureError, network.NetworkError, ValueError) as e:
         print(f"hpcdp plan: {e}", file=sys.stderr)
         return 2
@@ -244,19 +305,56 @@ def main(argv: list[str] | None = None) -> int:
           f"({step.fixed_s * 1e3:.1f} of it fixed), data {step.data_s * 1e3:.2f} ms at "
           f"{step.measured_batch} samples on 1 rank:")
     print(format_predictions(preds, args.target))
+    print(format_advice(per_nodes, args.target, shapes is not None))
     print("\nInputs:\n" + "\n".join(f"- {s}" for s in sources))
     print(f"- {'hierarchical' if net.hierarchical else 'flat ring'} all-reduce across nodes")
-    print("Assumptions:\n" + "\n".join(f"- {a}" for a in model.ASSUMPTIONS))
+    print("Assumptions:\n" + "\n".join(f"- {a}" for a in (*model.ASSUMPTIONS,
+                                                            *advise.ASSUMPTIONS)))
     if args.json:
-        args.json.write_text(json.dumps({
-            "global_batch": global_batch, "ranks_per_node": rpn, "inputs": sources,
-            "measured": {"compute_s": step.compute_s, "fixed_s": step.fixed_s,
-                         "data_s": step.data_s, "batch": step.measured_batch,
-                         "bucket_bytes": list(step.bucket_bytes)},
-            "assumptions": list(model.ASSUMPTIONS),
-            "predictions": [vars(p) | {"notes": list(p.notes)} for p in preds],
-            "suggested_nodes": model.suggested_range(preds, args.target)}, indent=2) + "\n")
+        write_json(args.json, global_batch, rpn, sources, step, preds, per_nodes, args.target)
     return 0
+
+
+def format_advice(per_nodes: Sequence[Sequence[advise.Outcome]], target: float,
+                  have_shapes: bool) -> str:
+    """The efficiency of each setting by node count, the cheapest that meets the target,
+    and the advice at the most nodes."""
+    from hpcdp.bench.common import format_table
+
+    labels = [o.setting.label for o in per_nodes[0]]
+    lines = ["\nWith less traffic per sample (efficiency against 1 node with no "
+             "compression; cheapest in accuracy first):",
+             format_table(["nodes", *labels, f"cheapest at {target:.0%}"],
+                          advise.table_rows(per_nodes, target)),
+             advise.advice(per_nodes[-1], target)]
+    if not have_shapes:
+        lines.append("(PowerSGD left out: the run recorded no gradient shapes)")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, global_batch: int, rpn: int, sources: Sources, step: model.Step,
+               preds: Sequence[model.Prediction],
+               per_nodes: Sequence[Sequence[advise.Outcome]], target: float) -> None:
+    """The predictions, the advice and their inputs, for scripts."""
+    path.write_text(json.dumps({
+        "global_batch": global_batch, "ranks_per_node": rpn, "inputs": sources,
+        "measured": {"compute_s": step.compute_s, "fixed_s": step.fixed_s,
+                     "data_s": step.data_s, "batch": step.measured_batch,
+                     "bucket_bytes": list(step.bucket_bytes)},
+        "assumptions": [*model.ASSUMPTIONS, *advise.ASSUMPTIONS],
+        "predictions": [vars(p) | {"notes": list(p.notes)} for p in preds],
+        "suggested_nodes": model.suggested_range(preds, target),
+        "advice": [{"nodes": row[0].nodes, "settings": [
+            {"label": o.setting.label, "overrides": list(o.setting.overrides),
+             "efficiency": o.efficiency, "step_s": o.step_s, "sent_bytes": o.sent_bytes}
+            for o in row], "cheapest": cheapest_label(row, target)}
+            for row in per_nodes]}, indent=2) + "\n")
+
+
+def cheapest_label(outcomes: Sequence[advise.Outcome], target: float) -> str | None:
+    """The advice's setting at one node count, by its label; None when none meets target."""
+    best = advise.cheapest(outcomes, target)
+    return best.setting.label if best else None
 
 
 def check(args: argparse.Namespace, step: model.Step, net: model.Network, reference: Measured,

@@ -19,6 +19,9 @@ all-reduce. A bucket that backward never completes (a parameter unused this
 step, reduced as zeros as Horovod does) is reduced by `synchronize()`, so every
 rank always reduces every bucket and none waits on another for ever.
 
+With `bf16` (horovod.compression = "bf16"), a bucket travels as bfloat16 through
+hpcdp.runtime.bf16_reduce's alltoall and allgather instead of a float32 all-reduce.
+
 Pure planning (`plan`) is separate from the hooks and collectives.
 """
 
@@ -29,6 +32,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from hpcdp.runtime import bf16_reduce
 
 
 def plan(sizes: Sequence[int], bucket_elems: int) -> list[range]:
@@ -51,11 +56,12 @@ class _Bucketed:
     """Methods mixed into a subclass of the wrapped optimizer's class (see `bucketed`)."""
 
     def __init__(self, params: Any, bucket_bytes: int, backward_passes_per_step: int,
-                 gradient_predivide_factor: float) -> None:
+                 gradient_predivide_factor: float, bf16: bool) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
         import horovod.torch as hvd
 
         self._hvd = hvd
+        self._bf16 = bf16
         self._passes = backward_passes_per_step
         # mean = sum over ranks of g / ranks. With a predivide factor f (Horovod's, for
         # fp16 range): sum of g / f, then times f / ranks after the reduction.
@@ -121,6 +127,9 @@ class _Bucketed:
             self._flat[-1] = self._carry[0] or 0
         if self._prescale != 1.0:
             bucket.mul_(self._prescale)
+        if self._bf16:
+            self._handles[b] = bf16_reduce.Exchange(self._hvd, bucket, f"hpcdp.grad_bucket.{b}")
+            return
         self._handles[b] = self._hvd.allreduce_async_(
             bucket, name=f"hpcdp.grad_bucket.{b}", op=self._hvd.Sum,
             postscale_factor=self._postscale)
@@ -172,8 +181,14 @@ class _Bucketed:
                     if id(p) not in self._taken:
                         self._take(p)
                 self._launch(b)
-        for handle in self._handles.values():
-            self._hvd.synchronize(handle)
+        if self._bf16:
+            for exchange in self._handles.values():
+                exchange.gather()
+            for exchange in self._handles.values():
+                exchange.finish(self._postscale)
+        else:
+            for handle in self._handles.values():
+                self._hvd.synchronize(handle)
         if self._carry[0] is not None:
             # The sum of each rank's value / ranks (the bucket's scaling): > 0 iff any sent one.
             self._carry = [None, float(self._flat[-1])]
@@ -217,8 +232,9 @@ class _Bucketed:
 
 def bucketed(optimizer: torch.optim.Optimizer, bucket_bytes: int,
              backward_passes_per_step: int = 1,
-             gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
-    """`optimizer`'s class and parameter groups, with gradients averaged in flat buckets.
+             gradient_predivide_factor: float = 1.0, bf16: bool = False) -> torch.optim.Optimizer:
+    """`optimizer`'s class and parameter groups, with gradients averaged in flat buckets
+    (as bfloat16 on the wire with `bf16`).
 
     Raises ValueError where the parameters cannot share one flat buffer (several
     dtypes or devices); the caller then uses Horovod's DistributedOptimizer.
@@ -230,5 +246,5 @@ def bucketed(optimizer: torch.optim.Optimizer, bucket_bytes: int,
     methods = {k: v for k, v in vars(_Bucketed).items() if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     return cls(optimizer.param_groups, bucket_bytes, backward_passes_per_step,  # type: ignore[call-arg]
-               gradient_predivide_factor)
+               gradient_predivide_factor, bf16)
 

@@ -167,39 +167,25 @@ def defaults(name: str) -> Mapping[str, Mapping[str, Any]]:
 
 
 def optimizer_for(cfg: Config, params: Any) -> torch.optim.Optimizer:
-    """The optimizer [optim] describes, over `params` (tensors or parameter groups)."""
-    import torch
+    """The optimizer [optim] describes, over `params` as given (tensors or parameter groups).
 
-    o = cfg.optim
-    params = list(params)
-    fused = fusable(o.fused, params)
-    if o.name == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum,
-                               nesterov=o.nesterov and o.momentum > 0,
-                               weight_decay=o.weight_decay, fused=fused)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay,
-                             betas=(o.betas[0], o.betas[1]), fused=fused)
+    A task with a model at hand uses `default_optimizers` or `hpcdp.optim.build.optimizer`,
+    which group the parameters for weight decay and trust ratios."""
+    from hpcdp.optim import build  # torch at call time: `hpcdp slurm` reads task defaults
 
-
-def fusable(choice: str, params: list[Any]) -> bool | None:
-    """True where optim.fused allows torch's fused SGD/AdamW kernel and it takes `params`:
-    dense floating-point tensors, all on one CPU or CUDA device. None: torch's default.
-
-    The fused kernel updates every parameter in one pass; torch's default on CPUs is
-    a Python loop over the parameters, which costs a few percent of a small model's
-    step (docs/benchmarks.md).
-    """
-    import torch
-
-    if choice == "off":
-        return None
-    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
-    devices = {(t.device.type, t.device.index) for t in tensors}
-    ok = (bool(tensors) and len(devices) == 1 and next(iter(devices))[0] in ("cpu", "cuda")
-          and all(t.is_floating_point() and t.layout == torch.strided for t in tensors))
-    return True if ok else None
+    return build.from_groups(cfg, params)
 
 
 def default_optimizers(cfg: Config, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
-    """One optimizer over every parameter, as [optim] describes it."""
-    return [optimizer_for(cfg, model.parameters())]
+    """One optimizer over every parameter, as [optim] describes it, biases, norms and
+    embeddings undecayed (hpcdp.optim.groups)."""
+    from hpcdp.optim import build  # torch at call time: `hpcdp slurm` reads task defaults
+
+    return [build.optimizer(cfg, model)]
+
+
+def fusable(choice: str, params: list[Any]) -> bool | None:
+    """hpcdp.optim.build.fusable (kept here for callers of the tasks' API)."""
+    from hpcdp.optim import build  # torch at call time: `hpcdp slurm` reads task defaults
+
+    return build.fusable(choice, params)

@@ -23,7 +23,7 @@ import torch
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_negative
 from hpcdp.data.read.protocol import ReadOptions, TrainingReader
 from hpcdp.models import gpt
-from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, optimizer_for, read_options
+from hpcdp.tasks import Dataset, Metric, Task, default_optimizers, read_options
 
 
 @dataclass
@@ -161,14 +161,6 @@ def rates(cfg: Config, net: torch.nn.Module, samples_per_s: float, ranks: int,
     return out
 
 
-def optimizers(cfg: Config, net: torch.nn.Module) -> list[torch.optim.Optimizer]:
-    """AdamW with decay on matrices and embeddings, none on biases and norms (SGD: plain)."""
-    o = cfg.optim
-    if o.name != "adamw":
-        return default_optimizers(cfg, net)
-    return [optimizer_for(cfg, gpt.param_groups(net, o.weight_decay))]
-
-
 TASK = Task(
     name="lm",
     models=("gpt",),
@@ -178,7 +170,7 @@ TASK = Task(
     loss=gpt.lm_loss,
     measure=measure,
     metrics=(Metric("loss", "mean"),),
-    optimizers=optimizers,
+    optimizers=default_optimizers,
     count=count,
     defaults={
         "model": {"name": "gpt"},

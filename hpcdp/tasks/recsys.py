@@ -28,8 +28,9 @@ from hpcdp.config import Config, ConfigError, TaskSection, at_least_one
 from hpcdp.data.format.clicks import ClickSchema, check_rows, read_schema
 from hpcdp.data.read.samples import ReaderError
 from hpcdp.models.dlrm import ClickModel, loss_fn, split_params
+from hpcdp.optim import build
 from hpcdp.runtime import sparse_grads as grads
-from hpcdp.tasks import Dataset, Metric, Task, optimizer_for
+from hpcdp.tasks import Dataset, Metric, Task
 from hpcdp.tasks.auc import auc_logloss
 
 
@@ -139,7 +140,7 @@ def optimizers(cfg: Config, model: torch.nn.Module) -> list[torch.optim.Optimize
         table_opt = torch.optim.SparseAdam(params, lr=r.table_lr)
     for group in table_opt.param_groups:  # the schedule sets lr = its rate x lr_scale
         group["lr_scale"] = r.table_lr / cfg.optim.lr
-    return [table_opt, optimizer_for(cfg, [p for _, p in rest])]
+    return [table_opt, build.optimizer(cfg, model, [p for _, p in rest])]
 
 
 TASK = Task(

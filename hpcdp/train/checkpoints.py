@@ -3,8 +3,9 @@
 The file format (checksummed, atomic) is hpcdp.train.checkpoint_files's; the policy is here:
 
 - what a checkpoint holds is built in one place (`CheckpointManager.state`):
-  model, optimizers, scaler, reader position, train state, every rank's RNG
-  and training-metric sums since the last report, the config and the schedule;
+  model, optimizers, scaler, reader position, train state, every rank's RNG,
+  training-metric sums since the last report and PowerSGD state (its residuals
+  are per rank), the config and the schedule;
 - keep-k: after each write the newest `checkpoint.keep` files stay. A file that
   fails verification is moved aside as `*.corrupt` when a run looks for its
   checkpoint, so it never holds a slot that a good one needs;
@@ -125,6 +126,43 @@ def holds_tensors(optimizers: list[Any]) -> bool:
                for v in st.values())
 
 
+def compression_states(optimizers: list[Any]) -> list[Any]:
+    """This rank's compression state of each optimizer (PowerSGD's), None for the others."""
+    return [opt.compression_state() if hasattr(opt, "compression_state") else None
+            for opt in optimizers]
+
+
+def load_compression(run: Run, saved: list[Any]) -> list[str]:
+    """Restore each optimizer's PowerSGD state from a checkpoint's per-rank `saved` states;
+    returns what could not be restored, for rank 0 to warn about.
+
+    The same world size: every rank its own residuals, so the resume is exact. Another:
+    the residuals belong to ranks that no longer exist (and summed they are one step's
+    error at most), so they are dropped; Q, the same on every rank, and the step count
+    (so the warm-up does not start again) are kept.
+    """
+    notes = []
+    same_world = len(saved) == run.size
+    mine = saved[run.rank] if same_world else saved[0] if saved else None
+    for k, opt in enumerate(run.optimizers):
+        state = mine[k] if mine is not None and k < len(mine) else None
+        if not hasattr(opt, "load_compression_state"):
+            if state is not None:
+                notes.append("the checkpoint holds PowerSGD state that this run does not use")
+            continue
+        if state is None:
+            notes.append("the checkpoint holds no PowerSGD state: Q factors and residuals "
+                         "start afresh, with the warm-up")
+            continue
+        note = opt.load_compression_state(state, residuals=same_world)
+        if note:
+            notes.append(note)
+        elif not same_world:
+            notes.append(f"PowerSGD residuals dropped: the checkpoint was written by "
+                         f"{len(saved)} rank(s), this run has {run.size} (Q factors kept)")
+    return notes
+
+
 # --------------------------------------------------------------------------- the manager
 
 
@@ -150,7 +188,7 @@ class CheckpointManager:
         return ckpt.step_path(self.folder, step)
 
     def state(self, run: Run, train: TrainState, rngs: list[Any],
-              metric_sums: list[Any]) -> dict[str, Any]:
+              metric_sums: list[Any], compression: list[Any] | None = None) -> dict[str, Any]:
         """Everything a checkpoint holds: the one place its contents are decided."""
         return {
             "format": FORMAT, "task": run.cfg.task.name, "model_name": run.cfg.model.name,
@@ -162,6 +200,8 @@ class CheckpointManager:
             "reader": run.train_reader.state_dict(),
             "schedule": dataclasses.asdict(run.schedule),
             "rng": rngs, "metric_sums": metric_sums,
+            # per rank, per optimizer: PowerSGD's Q factors and this rank's residuals, or None
+            "compression": compression,
             "config": run.cfg.to_dict(), "world_size": run.size,
             "time": time.time(),
         }
@@ -179,11 +219,13 @@ class CheckpointManager:
         a warning when something after the write failed (the file is complete).
         """
         watchdog.section("checkpoint")
-        every = dist.allgather_object((ckpt.rng_state(), metric_sums), "hpcdp.rng")
+        every = dist.allgather_object((ckpt.rng_state(), metric_sums,
+                                       compression_states(run.optimizers)), "hpcdp.rng")
         path, error, note = self.path(train.step), None, None
         if self.root:
             try:
-                state = self.state(run, train, [r for r, _ in every], [m for _, m in every])
+                state = self.state(run, train, [r for r, _, _ in every],
+                                   [m for _, m, _ in every], [c for _, _, c in every])
                 note = self.write(path, state)
             except (OSError, ckpt.CheckpointError) as e:
                 error = not_written_error(path, e, self.folder)
@@ -308,6 +350,9 @@ class CheckpointManager:
             seed_everything(run.cfg.run.seed + run.rank + 1_000_003 * int(state["step"]))
         sums = state.get("metric_sums") or []  # another world size: the window starts afresh
         self.metric_sums = sums[run.rank] if len(sums) == run.size else None
+        for note in load_compression(run, state.get("compression") or []):
+            if self.root:
+                log.warning(note)
         if self.root and run.cfg.horovod.op == "adasum" and run.size > 1 \
                 and holds_tensors(run.optimizers):
             log.warning("horovod.op=adasum: each rank's optimizer state (momentum, moments) "

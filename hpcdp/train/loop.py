@@ -28,7 +28,7 @@ from hpcdp.data.staging import collective as staging
 from hpcdp.runtime import dist, watchdog
 from hpcdp.runtime.preempt import Preemption, after_stop
 from hpcdp.tasks import Task
-from hpcdp.train import setup
+from hpcdp.train import setup, traffic
 from hpcdp.train.checkpoints import CheckpointManager, TrainState
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
@@ -133,6 +133,8 @@ def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) ->
         f"{run.global_batch} global, peak lr {run.schedule.peak_lr:g} "
         f"({setup.lr_rule_text(cfg, run.schedule.batch)}), {run.steps_per_epoch} "
         f"steps/epoch, {run.total_steps} steps, device {run.device}")
+    if cfg.horovod.compression == "powersgd":
+        rep.info(traffic.powersgd_text(traffic.per_step(run), run.size))
     return rep
 
 
@@ -240,13 +242,15 @@ def report_window(run: setup.Run, rep: Reporter, window: StepTimes, sums: Metric
                            run.device)
     spread = (rank_spread(dist.gather_floats(times["busy_ms"], "hpcdp.busy"))  # collective
               if run.size > 1 else {})
-    record = {"epoch": state.epoch, **values, "lr": lr, **times, **rates, **spread}
+    sent = traffic.window(run)  # bytes handed to the gradient all-reduces (PowerSGD)
+    record = {"epoch": state.epoch, **values, "lr": lr, **times, **rates, **spread, **sent}
     rep.record("train", state.step, record)
     rep.info(f"step {state.step}/{run.total_steps} epoch {state.epoch} "
              f"{metrics_text(values, list(values))} lr {lr:.4g} | "
              f"{times['samples_per_s']:.0f} samples/s{rates_text(rates)}, step "
              f"{times['step_ms']:.1f} ms (data {times['data_ms']:.1f}, compute "
-             f"{times['compute_ms']:.1f}, comm {times['comm_ms']:.1f}){spread_text(spread)}")
+             f"{times['compute_ms']:.1f}, comm {times['comm_ms']:.1f}){spread_text(spread)}"
+             f"{traffic.text(sent)}")
 
 
 def rates_text(rates: dict[str, float]) -> str:
@@ -312,6 +316,7 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
         "global_batch": run.global_batch, "lr_scaling": cfg.optim.lr_scaling,
         "peak_lr": run.schedule.peak_lr, "samples_seen": state.samples_seen,
         "gradients": setup.gradient_layout(run),  # for `hpcdp plan` (hpcdp.plan.measure)
+        "gradient_traffic": traffic.per_step(run),  # bytes per step handed to the all-reduces
         "run_dir": str(cfg.run_dir), "checkpoint": str(final) if final.exists() else None,
         "metrics": str(rep.jsonl_path), "tensorboard": str(rep.tb_dir),
         "resumed_from": resumed_from, "data_paths_read": run.data_paths_read,

@@ -21,6 +21,7 @@ from hpcdp.config import Config, ConfigError
 from hpcdp.data.read.protocol import TrainingReader, ValidationReader
 from hpcdp.runtime.grad_buckets import bucketed
 from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
+from hpcdp.runtime.powersgd_optimizer import compressed
 from hpcdp.tasks import Dataset, Task, read_options
 from hpcdp.train import accel
 from hpcdp.train import schedule as sched
@@ -239,6 +240,8 @@ def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
 def bucket_bytes(cfg: Config, device: torch.device) -> int:
     """Flat gradient bucket size in bytes, or 0 for Horovod's DistributedOptimizer."""
     hc = cfg.horovod
+    if hc.compression == "bf16":  # travels in hpcdp's buckets only (Horovod has no bf16)
+        return CPU_BUCKET_BYTES if hc.bucket_mb < 0 else max(1, int(hc.bucket_mb * (1 << 20)))
     if hc.op == "adasum" or hc.compression != "none" or hc.bucket_mb == 0:
         return 0
     if hc.bucket_mb < 0:  # auto: measured on CPUs only (see hpcdp.runtime.grad_buckets)
@@ -265,14 +268,31 @@ def distributed(cfg: Config, base: torch.optim.Optimizer, model: torch.nn.Module
     if mine & sparse_tables(model):  # flat buckets take dense gradients only
         return dist.distributed_optimizer(base, named, cfg.horovod,
                                           sparse_as_dense=cfg.horovod.sparse_grads == "dense")
+    if cfg.horovod.compression == "powersgd":
+        return powersgd_optimizer(cfg, base)
     nbytes = bucket_bytes(cfg, device)
+    bf16 = cfg.horovod.compression == "bf16"
     if nbytes:
         try:
             return bucketed(base, nbytes, cfg.horovod.backward_passes_per_step,
-                            cfg.horovod.gradient_predivide_factor)
+                            cfg.horovod.gradient_predivide_factor, bf16=bf16)
         except ValueError as e:  # parameters of several dtypes or devices
+            if bf16:
+                raise ConfigError(f"horovod.compression='bf16' cannot average these "
+                                  f"gradients: {e}") from e
             log.warning(f"gradient buckets not used ({e}); Horovod's DistributedOptimizer is")
     return dist.distributed_optimizer(base, named, cfg.horovod)
+
+
+def powersgd_optimizer(cfg: Config, base: torch.optim.Optimizer) -> Any:
+    """`base` averaging its gradients by PowerSGD (hpcdp.runtime.powersgd_optimizer)."""
+    hc = cfg.horovod
+    try:
+        return compressed(base, hc.powersgd_rank, hc.powersgd_warmup_steps,
+                          hc.powersgd_min_elements, seed=cfg.run.seed)
+    except ValueError as e:  # parameters of several dtypes or devices
+        raise ConfigError(f"horovod.compression='powersgd' cannot average these "
+                          f"gradients: {e}") from e
 
 
 def gradient_layout(run: Run) -> dict[str, Any]:
@@ -280,15 +300,17 @@ def gradient_layout(run: Run) -> dict[str, Any]:
     flat bucket size (0: Horovod's fusion, HOROVOD_FUSION_THRESHOLD bytes): what
     `hpcdp plan` models the all-reduces with, read from a 1-rank run that made none."""
     seen: set[int] = set()
-    sizes = []
+    sizes, shapes = [], []
     for opt in run.optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     sizes.append(p.numel() * p.element_size())
+                    shapes.append(list(p.shape))  # PowerSGD's bytes depend on them
     fusion = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
-    return {"tensor_bytes": sizes[::-1], "bucket_bytes": bucket_bytes(run.cfg, run.device),
+    return {"tensor_bytes": sizes[::-1], "tensor_shapes": shapes[::-1],
+            "bucket_bytes": bucket_bytes(run.cfg, run.device),
             "fusion_threshold": int(fusion) if fusion.isdigit() else None,
             "sparse": bool(sparse_tables(run.model))}
 
@@ -311,8 +333,8 @@ def schedule(cfg: Config, steps_per_epoch: int, batch: int, size: int) -> sched.
     scale = sched.lr_scale(o.lr_scaling, update, o.ref_batch)
     return sched.from_epochs(o.lr, scale, s.kind, steps_per_epoch, cfg.run.epochs,
                              s.warmup_epochs, s.warmup_start_factor, s.min_factor,
-                             s.milestones, s.gamma, rule=o.lr_scaling, batch=update,
-                             ref_batch=o.ref_batch)
+                             s.milestones, s.gamma, power=s.power, rule=o.lr_scaling,
+                             batch=update, ref_batch=o.ref_batch)
 
 
 def lr_rule_text(cfg: Config, update_batch: int) -> str:

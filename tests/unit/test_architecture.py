@@ -25,14 +25,19 @@ BASE_MODULES = {"hpcdp", "hpcdp.config", "hpcdp.cliargs", "hpcdp.files"}
 
 #: Layer -> the layers it must not import (at module level or inside a function).
 FORBIDDEN: dict[str, set[str]] = {
-    "base": {"runtime", "data", "models", "tasks", "train", "cluster", "bench", "export", "plan",
-             "entry"},
-    "runtime": {"data", "models", "tasks", "train", "cluster", "bench", "export", "plan", "entry"},
-    "models": {"runtime", "data", "tasks", "train", "cluster", "bench", "export", "plan", "entry"},
-    "data": {"models", "tasks", "train", "cluster", "bench", "export", "plan", "entry"},
+    "base": {"runtime", "optim", "data", "models", "tasks", "train", "cluster", "bench", "export",
+             "plan", "entry"},
+    "runtime": {"optim", "data", "models", "tasks", "train", "cluster", "bench", "export", "plan",
+                "entry"},
+    # Optimizers and their parameter groups: torch and the config only.
+    "optim": {"runtime", "data", "models", "tasks", "train", "cluster", "bench", "export", "plan",
+              "entry"},
+    "models": {"runtime", "optim", "data", "tasks", "train", "cluster", "bench", "export", "plan",
+               "entry"},
+    "data": {"models", "optim", "tasks", "train", "cluster", "bench", "export", "plan", "entry"},
     "tasks": {"train", "cluster", "bench", "export", "plan", "entry"},
     "train": {"cluster", "bench", "export", "plan", "entry"},
-    "cluster": {"data", "models", "train", "bench", "export", "plan", "entry"},
+    "cluster": {"data", "models", "optim", "train", "bench", "export", "plan", "entry"},
     "bench": {"export", "plan", "entry"},
     # After training: a trained model read back, exported, sampled, scored (hpcdp.export.load
     # itself must stay free of Horovod, MPI and HDF5: tests/unit/test_export_load.py).

@@ -51,7 +51,7 @@ def test_override_types_are_parsed() -> None:
         ("preempt.signals=USR1", "preempt.signals: expected a list"),
         ("lr=1", "section.key"),
         ("optim.lr", "section.key=value"),
-        ("optim.name=lamb", "optim.name='lamb'"),
+        ("optim.name=lion", "optim.name='lion'"),
         ("data.batch_size=0", "data.batch_size=0: must be at least 1"),
         ("preempt.signals=[\"KILL\"]", "'KILL' is not one of"),
         ("optim.scale_lr=false", "optim.scale_lr in override 'optim.scale_lr=false' is no "

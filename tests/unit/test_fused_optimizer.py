@@ -53,7 +53,8 @@ def test_the_lm_groups_keep_their_decay_and_are_fused() -> None:
     from hpcdp.tasks import lm
 
     cfg = build("optim.name=adamw", "optim.weight_decay=0.1", task="lm")
-    opt = lm.optimizers(cfg, torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)))[0]
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = lm.TASK.optimizers(cfg, net)[0]
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     assert all(g["fused"] is True for g in opt.param_groups)
 

@@ -48,18 +48,6 @@ def test_gpt2_small_shape_has_gpt2_small_parameter_count() -> None:
     assert gpt.num_params(model, embeddings=False) == 124_439_808 - 1024 * 768
 
 
-def test_param_groups_decay_matrices_only() -> None:
-    model = gpt.GPT(TINY)
-    decay, no_decay = gpt.param_groups(model, 0.1)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"])
-    assert all(p.dim() == 1 for p in no_decay["params"])
-    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == gpt.num_params(model)
-    ids = {id(p) for p in decay["params"]}
-    assert id(model.tok_emb.weight) in ids and id(model.blocks[0].ln1.weight) not in ids
-    torch.optim.AdamW([decay, no_decay], lr=1e-3)  # accepted as given
-
-
 def test_flops_per_token() -> None:
     cfg = gpt.GPTConfig.gpt2_124m()
     n = 124_439_808 - 1024 * 768

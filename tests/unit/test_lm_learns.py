@@ -17,6 +17,7 @@ from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.data.read.tokens import TokenReader
 from hpcdp.models import gpt
+from hpcdp.optim.groups import param_groups
 
 
 def write_split(path: Path, chain: mk.MarkovChain, split: int, docs: int) -> None:
@@ -43,7 +44,7 @@ def test_tiny_gpt_approaches_the_entropy_rate(tmp_path: Path) -> None:
     write_split(tmp_path / "val.h5", chain, 1, 300)
     floor, unigram = mk.entropy_rate(chain), unigram_entropy(tmp_path / "val.h5")
     model = gpt.GPT(gpt.GPTConfig(chain.vocab_size, seq_len=32, layers=1, heads=2, width=32))
-    opt = torch.optim.AdamW(gpt.param_groups(model, 0.01), lr=1e-2)
+    opt = torch.optim.AdamW(param_groups(model, 0.01, adaptive=False), lr=1e-2)
     reader = TokenReader(tmp_path / "train.h5", seq_len=32, batch_size=16, prefetch=0)
     try:
         for x, y in reader:  # one epoch: about 230 steps

@@ -31,9 +31,12 @@ def test_lm_defaults_are_adamw_with_clipping_and_decay_groups() -> None:
     assert (cfg.model.name, cfg.optim.name, cfg.optim.betas) == ("gpt", "adamw", [0.9, 0.95])
     assert cfg.optim.grad_clip == 1.0 and cfg.optim.weight_decay == 0.1
     net = gpt.GPT(lm.gpt_config(cfg, 17))
-    (opt,) = lm.optimizers(cfg, net)
+    (opt,) = lm.TASK.optimizers(cfg, net)
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.95)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    decayed = {id(p) for p in opt.param_groups[0]["params"]}
+    # The tied token matrix multiplies (the output layer): decayed; positions are not.
+    assert id(net.tok_emb.weight) in decayed and id(net.pos_emb.weight) not in decayed
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(net.parameters()))
 
 

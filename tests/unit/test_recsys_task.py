@@ -45,6 +45,19 @@ def test_the_tables_follow_the_schedule_at_their_own_rate() -> None:
     assert mlps.param_groups[0]["lr"] == pytest.approx(0.001)
 
 
+@pytest.mark.parametrize("name", ["lars", "lamb"])
+def test_a_large_batch_optimizer_takes_the_mlps_beside_the_tables(name: str) -> None:
+    cfg = config(f"optim.name={name}", "optim.weight_decay=0.01")
+    model = recsys.ClickModel(4, (10, 7), embed_dim=4, bottom=(8,), top=(8,))
+    tables, mlps = recsys.optimizers(cfg, model)
+    assert isinstance(tables, torch.optim.Adagrad) and type(mlps).__name__ == name.upper()
+    mine = {id(p) for g in mlps.param_groups for p in g["params"]}
+    assert not mine & {id(e.weight) for e in model.embeddings}
+    assert len(mine) == len(list(model.parameters())) - len(model.embeddings)
+    decayed = [p for g in mlps.param_groups if g["weight_decay"] > 0 for p in g["params"]]
+    assert decayed and all(p.dim() == 2 for p in decayed)  # the MLPs' matrices, no biases
+
+
 def test_metrics_of_a_batch_and_the_gathered_auc() -> None:
     logits = torch.tensor([2.0, -1.0, 0.5, -3.0])
     label = torch.tensor([1.0, 0.0, 0.0, 1.0])

@@ -1,4 +1,4 @@
-"""The learning rate as a function of the step: scaling, warmup, cosine and step decay."""
+"""The learning rate as a function of the step: scaling, warmup, cosine, polynomial, steps."""
 
 from __future__ import annotations
 
@@ -95,6 +95,17 @@ def test_cosine_reaches_min_at_the_end() -> None:
     assert sch.lr(1000) == pytest.approx(0.1)
     after = [sch.lr(i) for i in range(10, 101)]
     assert all(a >= b for a, b in zip(after, after[1:], strict=False))
+
+
+@pytest.mark.parametrize("power", [1.0, 2.0, 0.5])
+def test_polynomial_decays_from_the_peak_after_warmup(power: float) -> None:
+    sch = s.from_epochs(2.0, 1.0, "polynomial", steps_per_epoch=10, epochs=10,
+                        warmup_epochs=1, min_factor=0.1, power=power)
+    assert sch.lr(5) == pytest.approx(1.0)  # warmup from 0 to the peak 2.0
+    assert sch.lr(10) == pytest.approx(2.0)
+    # a quarter of the decay done: 2 x (0.1 + 0.9 x 0.75^power)
+    assert sch.lr(10 + 90 // 4 + 1) == pytest.approx(2.0 * (0.1 + 0.9 * (1 - 23 / 90) ** power))
+    assert sch.lr(100) == pytest.approx(0.2) and sch.lr(500) == pytest.approx(0.2)
 
 
 def test_step_decay_at_milestones() -> None:

@@ -40,15 +40,15 @@ def no_env(tmp_path: Path) -> dict[str, str]:
     return {"HOME": str(tmp_path / "home")}
 
 
-@pytest.mark.parametrize("name", ["infiniband", "cray-ex", "workstation"])
+@pytest.mark.parametrize("name", ["infiniband", "cray-ex", "workstation", "ethernet"])
 def test_example_renders_as_its_golden(name: str) -> None:
     options = sites.to_options(sites.load(EXAMPLES / f"{name}.toml"))
     check_golden(GOLDEN / f"site_{name}.sbatch", render(**options))
 
 
-def test_the_examples_are_the_three_and_each_is_bash(tmp_path: Path) -> None:
-    assert sorted(sites.known_sites(no_env(tmp_path))) == ["cray-ex", "infiniband",
-                                                          "workstation"]
+def test_the_examples_are_the_four_and_each_is_bash(tmp_path: Path) -> None:
+    assert sorted(sites.known_sites(no_env(tmp_path))) == ["cray-ex", "ethernet",
+                                                          "infiniband", "workstation"]
     for path in EXAMPLES.glob("*.toml"):
         script = tmp_path / f"{path.stem}.sbatch"
         script.write_text(render(**sites.to_options(sites.load(path))))
@@ -204,7 +204,8 @@ def test_listing_and_showing_profiles(capsys: pytest.CaptureFixture[str],
     assert sites.main([]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [(r[0], Path(r[1])) for r in rows] == [
-        (n, EXAMPLES / f"{n}.toml") for n in ("cray-ex", "infiniband", "workstation")]
+        (n, EXAMPLES / f"{n}.toml")
+        for n in ("cray-ex", "ethernet", "infiniband", "workstation")]
     assert rows[0][2].startswith("HPE Cray EX, Slingshot 11")
     assert sites.main(["workstation"]) == 0
     assert "srun.mpi = 'pmix'" in capsys.readouterr().out.splitlines()
