@@ -9,6 +9,7 @@ does not own.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ import torch
 
 from hpcdp import config as cfgmod
 from hpcdp import tasks
+from hpcdp.cluster import sweep
 from hpcdp.config import Config, ConfigError
 from hpcdp.data.read.protocol import TrainingReader
 from hpcdp.data.staging import collective as staging
@@ -41,11 +43,18 @@ log = logging.getLogger("hpcdp.train")
 TASK = "session"
 
 
-def configure(overrides: Sequence[str] = (), config: str | None = None) -> Config:
-    """hpcdp's config from a TOML file and `section.key=value` overrides, checked, plus
-    HPCDP_FAULT; on a bad one every rank prints the error and exits 2, before Horovod."""
+def configure(argv: Sequence[str] | None = None) -> Config:
+    """hpcdp's config from `[--config FILE] section.key=value ...` (default: sys.argv[1:])
+    as `hpcdp train` reads it, with an array task's own set (HPCDP_SWEEP) last; HPCDP_FAULT
+    checked. On a bad one every rank prints the error and exits 2, before Horovod."""
+    p = argparse.ArgumentParser(description="A training script built on hpcdp.session: "
+                                "its arguments are hpcdp's config (docs/config.md).")
+    p.add_argument("--config", "-c", help="TOML config file")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
-        cfg = cfgmod.build(config, list(overrides), tasks.defaults)
+        overrides = [*args.overrides, *sweep.task_overrides(os.environ)]
+        cfg = cfgmod.build(args.config, overrides, tasks.defaults)
         faults.armed()
     except (ConfigError, faults.FaultError) as e:
         print(f"hpcdp session: error: {e}", file=sys.stderr, flush=True)
@@ -53,14 +62,15 @@ def configure(overrides: Sequence[str] = (), config: str | None = None) -> Confi
     return cfg
 
 
-def start(overrides: Sequence[str] = (), config: str | None = None) -> Session:
+def start(argv: Sequence[str] | None = None) -> Session:
     """Collective: Horovod with hpcdp's runtime settings, this rank's device, the stall
     watchdog and the preemption handlers, the data staged when data.stage_dir says so.
 
-    `overrides` are the keys of hpcdp's config (run.dir, run.seed, data.path,
-    data.global_batch_size, checkpoint.*, preempt.*, horovod.*, ...), e.g. sys.argv[1:].
+    `argv` (default: sys.argv[1:]) is `[--config FILE]` and the keys of hpcdp's config
+    (run.dir, run.seed, data.path, data.global_batch_size, checkpoint.*, preempt.*,
+    horovod.*, ...), as for `hpcdp train`.
     """
-    cfg = configure(overrides, config)
+    cfg = configure(argv)
     preempt = startup.begin(cfg)
     sys.excepthook = _abort_on_uncaught
     device, error = startup.place(cfg)                  # collective: hpcdp.runtime.placement
