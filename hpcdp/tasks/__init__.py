@@ -27,7 +27,10 @@ it. The training package (hpcdp.train) asks the task for:
 - `section` (optional): the task's own config section (hpcdp.config.TaskSection):
   its key ([image]), its dataclass, its checks, its keys' choices and the shared
   keys that moved into it. The config finds a task by its name alone, so a new
-  workload is one new module here exporting TASK (and its data recipe).
+  built-in workload is one new module here exporting TASK (and its data recipe); a
+  user's own is a Task anywhere, named by reference (`task.name =
+  "package.module:ATTR"` or `"path/to/file.py:ATTR"`, hpcdp.references) or declared by
+  an installed package under the entry-point group `hpcdp.tasks`.
 
 Optional:
 
@@ -146,10 +149,11 @@ class Task:
 
 
 def get(name: str) -> Task:
-    """The task named `name`: TASK of the module hpcdp.tasks.<name> (config.find_task)."""
+    """The task `name` (a built-in's name, an installed one's, or a reference to the
+    user's own: config.find_task, which also checks it is a Task)."""
     task = find_task(name)
-    if not isinstance(task, Task):
-        raise ConfigError(f"hpcdp.tasks.{name}.TASK is a {type(task).__name__}, not a Task")
+    if not isinstance(task, Task):  # pragma: no cover - find_task refuses it first
+        raise ConfigError(f"task.name={name!r} is a {type(task).__name__}, not a Task")
     return task
 
 
