@@ -98,8 +98,16 @@ class TaskConfig:
 class ModelConfig:
     """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # one of the task's models; its defaults choose one
+    # one of the task's models (its defaults choose one), or a named network
+    # (docs/your-model.md): torchvision:NAME | timm:NAME (image) | transformers:CONFIGCLASS
+    # | transformers:FILE.json (lm) | package.module:callable | path/to/file.py:callable (a
+    # builder given the config and the sample shape; a relative path from the config
+    # file's folder, recorded absolute); never downloads weights
+    name: str = "digits_cnn"
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
+    # keyword arguments of a named network's builder, as a table ([model.kwargs]; on the
+    # command line model.kwargs={depth=2, ...}, which replaces the whole table)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -411,6 +419,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
                 return coerce(key, value, member)
             except ConfigError:
                 continue
+    if origin is dict:
+        return free_table(key, value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -435,6 +445,27 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(
         f"{key}: expected {_describe(tp)}, got {type(value).__name__} {value!r}"
     )
+
+
+def free_table(key: str, value: Any) -> dict[str, Any]:
+    """A table of any keys (a builder's keyword arguments): names are strings, and every
+    value is one TOML can write back (no null, no infinity), so the run's config.toml
+    and the checkpoint's config rebuild the same network."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
+    return {str(k): _table_value(f"{key}.{k}", v) for k, v in value.items()}
+
+
+def _table_value(key: str, value: Any) -> Any:
+    if isinstance(value, dict):
+        return free_table(key, value)
+    if isinstance(value, list):
+        return [_table_value(f"{key}[{i}]", v) for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    if not isinstance(value, (bool, int, float, str)):
+        raise ConfigError(f"{key}: {type(value).__name__} {value!r} is not a TOML value")
+    return value
 
 
 def _unknown(kind: str, name: str, known: list[str], where: str) -> ConfigError:
@@ -561,6 +592,7 @@ def build(path: str | Path | None = None, overrides: Sequence[str] = (),
     for text, sec, key, value in parsed:
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
     cfg.task.name = name  # a file reference as chosen_task made it: absolute
+    cfg.model.name = absolute_model(cfg.model.name, model_folder(mapping, parsed, path))
     expand_paths(cfg, os.environ if environ is None else environ)
     validate(cfg)
     check_paths(cfg)
@@ -613,6 +645,34 @@ def chosen_task(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str
         return references.absolute(name, folder)
     except references.TaskReferenceError as e:
         raise ConfigError(str(e)) from None
+
+
+def model_folder(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str, Any]],
+                 path: str | Path | None) -> Path:
+    """Where a relative path in model.name is taken from: the working folder for an
+    override, else the config file's folder."""
+    if any((sec, key) == ("model", "name") for _, sec, key, _ in parsed) or path is None:
+        return Path.cwd()
+    return Path(path).parent
+
+
+#: model.name prefixes that name a library's network, not a builder of the user's.
+LIBRARIES = ("torchvision", "timm", "transformers")
+
+
+def absolute_model(name: str, folder: Path) -> str:
+    """model.name with a relative file in it (`path/file.py:callable`,
+    `transformers:file.json`) made absolute from `folder`: every rank, a resume and an
+    export then read the same file."""
+    prefix, colon, rest = name.partition(":")
+    if not colon:
+        return name
+    if prefix == "transformers" and rest.endswith(".json"):
+        return f"{prefix}:{os.path.normpath(os.path.join(os.path.abspath(folder), rest))}"
+    target, _, attr = name.rpartition(":")
+    if prefix in LIBRARIES or not (target.endswith(".py") or "/" in target):
+        return name
+    return f"{os.path.normpath(os.path.join(os.path.abspath(folder), target))}:{attr}"
 
 
 def from_record(mapping: Mapping[str, Any], where: str) -> Config:
@@ -859,6 +919,17 @@ def dumps(cfg: Config) -> str:
     for sec, values in cfg.to_dict().items():
         lines.append(f"[{sec}]")
         for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def toml_value(value: Any) -> str:
+    """`value` as TOML: JSON's text for numbers, strings and lists of them; a table
+    (model.kwargs) inline, its keys quoted."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpcdp.config import ConfigError, TaskSection, find_task
+from hpcdp.config import LIBRARIES, ConfigError, TaskSection, find_task
 from hpcdp.data.read.protocol import ReadOptions, TrainingReader, ValidationReader
 
 if TYPE_CHECKING:
@@ -140,9 +140,21 @@ class Task:
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
                     dict[str, float]] = _no_rates
     sample_keys: Callable[[Config], bool] = _never
+    # The kinds of named network (model.name with a colon: hpcdp.models.named) the task's
+    # build_model takes: "torchvision", "timm", "transformers", "builder" (the user's).
+    named: tuple[str, ...] = ()
 
     def check_model(self, name: str) -> None:
         """Raise ConfigError naming the choices when the task has no model `name`."""
+        if ":" in name:
+            prefix = name.partition(":")[0]
+            kind = prefix if prefix in LIBRARIES else "builder"
+            if kind not in self.named:
+                takes = ", ".join(f"{k}:" if k != "builder" else "package.module:callable"
+                                  for k in self.named) or "none"
+                raise ConfigError(f"model.name={name!r}: task {self.name!r} builds no {kind} "
+                                  f"network (named networks it takes: {takes})")
+            return
         if name not in self.models:
             raise ConfigError(f"unknown model {name!r} for task {self.name!r}; "
                              f"choose one of {', '.join(self.models)}")
