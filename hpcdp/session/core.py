@@ -101,6 +101,19 @@ def _abort_on_uncaught(kind: type[BaseException], error: BaseException,
     dist.abort_job(1)
 
 
+def _mark_step(opt: Any) -> None:
+    """The wrapper's step() waits for the gradients' all-reduce: marked as a collective
+    entered, as the trainer's step marks it, so that the watchdog tells a rank held there
+    from one that never reached it (the same wrapping as torch's LR schedulers do)."""
+    step = opt.step
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        watchdog.enter_collective("allreduce gradients")
+        return step(*args, **kwargs)
+
+    opt.step = marked
+
+
 class Session:
     """One rank's run of a script's own loop: readers, optimizers, resume, step boundaries."""
 
@@ -153,7 +166,10 @@ class Session:
         """`base` wrapped to average gradients over ranks as the trainer's are (flat
         buckets or Horovod's DistributedOptimizer, [horovod] settings); use only the
         wrapper from here on. No collective."""
-        return setup.distributed(self.cfg, base, model, self.device, self.size)
+        wrapped = setup.distributed(self.cfg, base, model, self.device, self.size)
+        if wrapped is not base:
+            _mark_step(wrapped)
+        return wrapped
 
     def resume(self, model: torch.nn.Module, optimizers: Sequence[Any], reader: TrainingReader,
                extra: dict[str, Any] | None = None) -> TrainState:
@@ -200,13 +216,15 @@ class Session:
         """
         self._started()
         self.state.advance(self.global_batch)
+        # The next step's beat first, and the faults armed for it: a rank held here has
+        # then entered one collective fewer than the others, and the watchdog names it.
+        self._hooks.before_step(self.state.step)
         reason = agree_stop(self._preempt, self._hooks, self.state.step)  # collective: preempt
         every = self.cfg.checkpoint.every_steps
         if reason or (every and self.state.step % every == 0):
             self.save()                                  # collective: hpcdp.rng, hpcdp.agree.save
         if reason:
             self._stop(reason)
-        self._hooks.before_step(self.state.step)
 
     def save(self) -> Path:
         """Collective: a checkpoint of this step, written by rank 0 (atomic, keep-k).
