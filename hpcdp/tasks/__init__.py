@@ -145,7 +145,8 @@ class Task:
     named: tuple[str, ...] = ()
 
     def check_model(self, name: str) -> None:
-        """Raise ConfigError naming the choices when the task has no model `name`."""
+        """Raise ConfigError naming the choices when the task has no model `name`; for a
+        builder of the user's, when its module or file or its callable cannot be found."""
         if ":" in name:
             prefix = name.partition(":")[0]
             kind = prefix if prefix in LIBRARIES else "builder"
@@ -154,6 +155,10 @@ class Task:
                                   for k in self.named) or "none"
                 raise ConfigError(f"model.name={name!r}: task {self.name!r} builds no {kind} "
                                   f"network (named networks it takes: {takes})")
+            if kind == "builder":  # its module and callable found now, before any rank starts
+                from hpcdp.models import named  # imports torch: only for a user's builder
+
+                named.builder_of(name, named.parse(name))
             return
         if name not in self.models:
             raise ConfigError(f"unknown model {name!r} for task {self.name!r}; "

@@ -110,8 +110,8 @@ def test_a_builder_file_is_recorded_absolute_from_the_config_s_folder(tmp_path: 
 
 @pytest.mark.parametrize(("task", "name", "ok"), [
     ("image", "torchvision:resnet18", True), ("image", "timm:vit_tiny_patch16_224", True),
-    ("image", "pkg.mod:make", True), ("image", "transformers:LlamaConfig", False),
-    ("lm", "transformers:LlamaConfig", True), ("lm", "pkg.mod:make", True),
+    ("image", "os.path:join", True), ("image", "transformers:LlamaConfig", False),
+    ("lm", "transformers:LlamaConfig", True), ("lm", "os.path:join", True),
     ("lm", "torchvision:resnet18", False), ("recsys", "timm:resnet18", False),
 ])
 def test_each_task_names_the_kinds_of_network_it_builds(task: str, name: str, ok: bool) -> None:
@@ -157,6 +157,13 @@ def test_bad_builders_are_named(builder_file: Path, attr: str, message: str) -> 
     cfg = image_cfg(f"model.name={builder_file}:{attr}")
     with pytest.raises(named.ModelError, match=message):
         image.model(cfg, (1, 4, 4))
+
+
+def test_the_training_command_s_check_finds_a_builder_before_any_rank_starts() -> None:
+    with pytest.raises(named.ModelError, match="module 'no_such_mod' cannot be imported"):
+        tasks.get("image").check_model("no_such_mod:make")
+    with pytest.raises(named.ModelError, match="has no attribute 'jion'.*'join'"):
+        tasks.get("lm").check_model("os.path:jion")
 
 
 def test_a_missing_module_or_file_is_named() -> None:
