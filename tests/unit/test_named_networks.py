@@ -284,3 +284,30 @@ def test_a_config_json_is_folded_into_the_recorded_config(tmp_path: Path) -> Non
     again = cfgmod.from_record(filled.to_dict(), "record")
     net = lm.model(again, (8,))
     assert net.config.vocab_size == 12 and net.config.num_hidden_layers == 1
+
+
+class NextId(torch.nn.Module):
+    """A causal LM stand-in whose output has `.logits`: the next id is the last one + 1."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.seen = vocab, []
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, ids: torch.Tensor):
+        from types import SimpleNamespace
+
+        self.seen.append(ids.shape[1])
+        logits = torch.nn.functional.one_hot((ids + 1) % self.vocab, self.vocab).float()
+        return SimpleNamespace(logits=logits * self.scale * 10)
+
+
+def test_generate_samples_any_causal_lm_over_its_window() -> None:
+    from hpcdp.export.sample import generate
+
+    net = NextId(7)
+    got = generate(net, [3], 10, temperature=0, window=4)
+    assert got.ids == [4, 5, 6, 0, 1, 2, 3, 4, 5, 6]
+    assert max(net.seen) == 4 and got.slid_at == 4  # never more than the window
+    with pytest.raises(ValueError, match="window of tokens"):
+        generate(NextId(7), [3], 2)
