@@ -1,9 +1,9 @@
 """A user's own task as its source text, written into a folder outside the repository.
 
 `MYTASK` is what docs/your-model.md shows: its own network, loss and metric, built on the
-image task with `dataclasses.replace`. `BROKEN` holds the bad references of
-tests/parallel/test_bad_references.py: an attribute that is no Task, builders that raise
-or return something else than a network.
+image task with `dataclasses.replace`. `BROKEN` and `NETWORKS` hold the bad references of
+tests/parallel/test_bad_references.py: an attribute that is no Task, builders (a task's,
+a network's for model.name) that raise or return something else than a network.
 """
 
 from __future__ import annotations
@@ -76,6 +76,24 @@ def not_a_module(cfg, sample_shape):
 TASK = image.TASK
 RAISES = replace(image.TASK, name="raises", build_model=raising)
 NOT_MODULE = replace(image.TASK, name="not_module", build_model=not_a_module)
+'''
+
+NETWORKS = '''\
+"""Network builders for model.name (image task): one that works, and the table's bad ones."""
+from torch import nn
+
+
+def build(cfg, sample_shape):
+    c, h, w = sample_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, int(cfg.image.num_classes)))
+
+
+def raising(cfg, sample_shape):
+    raise RuntimeError("my network builder broke")
+
+
+def not_a_module(cfg, sample_shape):
+    return [nn.Linear(1, 1)]
 '''
 
 FAILS_ON_IMPORT = '''\
