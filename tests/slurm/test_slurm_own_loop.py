@@ -94,7 +94,8 @@ def test_a_stalled_rank_ends_the_job_named(slurm_cluster: Cluster, digits: tuple
                                            tmp_path: Path) -> None:
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "hpcdp", "slurm", "submit", "--script", str(EXAMPLE),
-           "--ntasks-per-node", "2", "--time", "10", "--signal-lead", "60", "--output", str(tmp_path / "job-%j.out"),
+           "--ntasks-per-node", "2", "--time", "10", "--signal-lead", "60",
+           "--output", str(tmp_path / "job-%j.out"),
            "--", f"data.path={digits[1]}", f"run.dir={run}", "run.stall_floor_s=5",
            "run.stall_warmup_factor=8"]
     env = slurm_cluster.job_env({"HPCDP_FAULT": "stall:rank=1:step=5:seconds=600"})
