@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "reader": "sharded HDF5 reader vs raw slab reads vs a per-sample DataLoader",
     "prep": "parallel dataset preparation, 1 rank vs 2 ranks",
     "train": "weak scaling of real training, 1 vs 2 ranks, step-time split (or --mode ceiling)",
+    "user-task": "a user's task file wrapping a built-in network vs task.name=image",
     "gpu": "one GPU: ResNet-50, GPT-2 124M, DLRM, eager and compiled (--tiny: CPU check)",
 }
 #: Benchmarks that need a GPU: left out of `all` unless named in --only.
@@ -106,6 +107,11 @@ def overhead_rows(model: str, inproc: dict[str, Any]) -> list[tuple[str, str, bo
     return []
 
 
+def module_of(name: str) -> str:
+    """The module of benchmark `name` (a dash in the command is an underscore in Python)."""
+    return f"hpcdp.bench.{name.replace('-', '_')}"
+
+
 def run_all(argv: list[str]) -> int:
     """Every benchmark in turn into one folder, then the table of targets."""
     p = argparse.ArgumentParser(prog="hpcdp bench all")
@@ -123,7 +129,7 @@ def run_all(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== hpcdp bench {name} ===", flush=True)
         start = time.monotonic()
-        code = int(importlib.import_module(f"hpcdp.bench.{name}").main(["--out", str(out)]) or 0)
+        code = int(importlib.import_module(module_of(name)).main(["--out", str(out)]) or 0)
         print(f"=== {name}: exit {code} after {time.monotonic() - start:.0f}s ===", flush=True)
         path = out / f"{name}.json"
         if code or not path.exists():
@@ -154,5 +160,5 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(f"hpcdp.bench.{name}")
+    module = importlib.import_module(module_of(name))
     return int(module.main(args[1:]) or 0)
