@@ -55,3 +55,13 @@ def test_the_window_must_divide_warmup_and_steps() -> None:
 def test_the_dashed_command_names_its_module() -> None:
     assert module_of("user-task") == "hpcdp.bench.user_task"
     assert module_of("train") == "hpcdp.bench.train"
+
+
+def test_bench_all_lists_the_check_in_its_table_of_targets() -> None:
+    from hpcdp.bench import BENCHMARKS, targets
+
+    summary = user_task.compare(runs([10.0], [10.5]))
+    verdict = {"user task within 2% of the built-in step": summary["within_target"]}
+    assert "user-task" in BENCHMARKS
+    assert targets("user-task", {"summary": {**summary, "checks": verdict}}) == [
+        ("user task within 2% of the built-in step", "-", False)]
