@@ -88,6 +88,9 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
             rows.append((f"hpcdp gradient buckets >= 2x faster than off ({run})",
                          f"{gain:.2f}x", gain >= 2.0))
         return rows
+    if name == "user-task" and "ratio" in summary:
+        return [("user task's step / the built-in's <= 1.02", f"{summary['ratio']:.3f}",
+                 summary["ratio"] <= 1.02)]
     if name == "prep" and "speedup_2_over_1" in summary:
         return [("prep: 2 ranks not slower than 1", f"{summary['speedup_2_over_1']:.2f}x",
                  summary["speedup_2_over_1"] >= 1.0)]
