@@ -71,11 +71,12 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train.h5 and val.h5 of a 16-symbol Markov chain (test_lm_train.py's)."""
+    """train.h5 and val.h5 of a 16-symbol Markov chain, named as datasets/markov.py names
+    its tokenizer (ids without text: hpcdp generate writes them as numbers)."""
     d = tmp_path_factory.mktemp("markov")
     chain = mk.random_chain(16, 2, 0.1, seed=3)
     for name, split, docs in (("train.h5", 0, 200), ("val.h5", 1, 40)):
-        meta = tk.TokenMeta(chain.vocab_size, chain.eod, "markov", "00" * 32)
+        meta = tk.TokenMeta(chain.vocab_size, chain.eod, "markov-16", "00" * 32)
         tk.write_tokens(d / name, mk.sample_documents(chain, 0, split, 0, docs), meta)
     return d
 
