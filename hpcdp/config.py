@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hpcdp import references
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -86,15 +88,26 @@ class DataConfig:
 class TaskConfig:
     """The workload: what is read, the model family, the loss and the metrics (hpcdp.tasks)."""
 
-    name: str = "image"  # the workload: a module hpcdp.tasks.<name> exporting TASK
+    # the workload: a built-in task (a module hpcdp.tasks.<name>), an installed package's
+    # (entry points hpcdp.tasks), or your own: package.module:ATTR or path/to/file.py:ATTR
+    # (a relative path from the config file's folder; recorded absolute)
+    name: str = "image"
 
 
 @dataclass
 class ModelConfig:
     """Which network of the task's; its shape options live in the task's own section."""
 
-    name: str = "digits_cnn"  # one of the task's models; its defaults choose one
+    # one of the task's models (its defaults choose one), or a named network
+    # (docs/your-model.md): torchvision:NAME | timm:NAME (image) | transformers:CONFIGCLASS
+    # | transformers:FILE.json (lm) | package.module:callable | path/to/file.py:callable (a
+    # builder given the config and the sample shape; a relative path from the config
+    # file's folder, recorded absolute); never downloads weights
+    name: str = "digits_cnn"
     sync_bn: bool = False  # replace BatchNorm with Horovod's SyncBatchNorm
+    # keyword arguments of a named network's builder, as a table ([model.kwargs]; on the
+    # command line model.kwargs={depth=2, ...}, which replaces the whole table)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -335,11 +348,16 @@ TASKS_PACKAGE = "hpcdp.tasks"
 
 
 def find_task(name: str) -> TaskSpec:
-    """The task `name`: `TASK` of the module hpcdp.tasks.<name>, found by name.
+    """The task `name`: a built-in task, an installed one, or one named by reference.
 
-    Imported by name, not by an import statement: the tasks import this module, and a
-    new task is a new module there, listed nowhere. An unknown name lists the real tasks.
+    Built-in: `TASK` of the module hpcdp.tasks.<name>, imported by name, not by an import
+    statement (the tasks import this module, and a new one is listed nowhere). Else an
+    entry point of the group `hpcdp.tasks` named `name`; else, for `package.module:ATTR`
+    or `path/to/file.py:ATTR` (hpcdp.references), that attribute, which must be a Task.
+    An unknown name lists the tasks and the forms of a reference.
     """
+    if references.is_reference(name):
+        return _checked_task(name, name, *_resolve(name))
     module = None
     if name.isidentifier() and not name.startswith("_"):
         try:
@@ -348,9 +366,32 @@ def find_task(name: str) -> TaskSpec:
             if e.name != f"{TASKS_PACKAGE}.{name}":
                 raise  # the task exists but needs a package that is missing: say that
     task = getattr(module, "TASK", None)
-    if task is None or getattr(task, "name", None) != name:
-        raise ConfigError(f"task.name={name!r}: choose one of {', '.join(task_names())}")
-    return typing.cast(TaskSpec, task)
+    if task is not None and getattr(task, "name", None) == name:
+        return typing.cast(TaskSpec, task)
+    installed = references.entry_point(name) if module is None else None
+    if installed is not None:
+        return _checked_task(name, installed, *_resolve(installed, name))
+    extra = references.installed_names()
+    listed = ", ".join(task_names()) + (f" (installed: {', '.join(extra)})" if extra else "")
+    raise ConfigError(f"task.name={name!r}: choose one of {listed}; or a task of your own "
+                      f"as {references.FORMS}")
+
+
+def _resolve(reference: str, shown: str | None = None) -> tuple[Any, str]:
+    try:
+        return references.resolve(reference, shown)
+    except references.TaskReferenceError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _checked_task(name: str, reference: str, value: Any, where: str) -> TaskSpec:
+    """`value` when it is a hpcdp.tasks.Task (a Task exists only once that module ran)."""
+    task_type = getattr(sys.modules.get(TASKS_PACKAGE), "Task", None)
+    if task_type is None or not isinstance(value, task_type):
+        attr = reference.rpartition(":")[2]
+        raise ConfigError(f"task.name={name!r}: {attr} in {where} is a "
+                          f"{type(value).__name__}, not a hpcdp.tasks.Task")
+    return typing.cast(TaskSpec, value)
 
 
 def task_names() -> list[str]:
@@ -393,6 +434,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
                 return coerce(key, value, member)
             except ConfigError:
                 continue
+    if origin is dict:
+        return free_table(key, value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -417,6 +460,27 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(
         f"{key}: expected {_describe(tp)}, got {type(value).__name__} {value!r}"
     )
+
+
+def free_table(key: str, value: Any) -> dict[str, Any]:
+    """A table of any keys (a builder's keyword arguments): names are strings, and every
+    value is one TOML can write back (no null, no infinity), so the run's config.toml
+    and the checkpoint's config rebuild the same network."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
+    return {str(k): _table_value(f"{key}.{k}", v) for k, v in value.items()}
+
+
+def _table_value(key: str, value: Any) -> Any:
+    if isinstance(value, dict):
+        return free_table(key, value)
+    if isinstance(value, list):
+        return [_table_value(f"{key}[{i}]", v) for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    if not isinstance(value, (bool, int, float, str)):
+        raise ConfigError(f"{key}: {type(value).__name__} {value!r} is not a TOML value")
+    return value
 
 
 def _unknown(kind: str, name: str, known: list[str], where: str) -> ConfigError:
@@ -532,7 +596,7 @@ def build(path: str | Path | None = None, overrides: Sequence[str] = (),
         raise ConfigError(f"--config: expected a file path, got {path!r}")  # e.g. --config=--
     mapping = load_file(path) if path is not None else {}
     parsed = [(text, *parse_override(text)) for text in overrides]
-    name = chosen_task(mapping, parsed)
+    name = chosen_task(mapping, parsed, path)
     task = find_task(name)
     cfg.task.name = name
     cfg.task_section = (task.section.key, task.section.type()) if task.section else ("", None)
@@ -542,6 +606,8 @@ def build(path: str | Path | None = None, overrides: Sequence[str] = (),
         apply_mapping(cfg, mapping, f"in {str(path)!r}")
     for text, sec, key, value in parsed:
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
+    cfg.task.name = name  # a file reference as chosen_task made it: absolute
+    cfg.model.name = absolute_model(cfg.model.name, model_folder(mapping, parsed, path))
     expand_paths(cfg, os.environ if environ is None else environ)
     validate(cfg)
     check_paths(cfg)
@@ -577,16 +643,69 @@ def expand_paths(cfg: Config, environ: Mapping[str, str]) -> None:
         setattr(section, name, expand_vars(key, getattr(section, name), environ))
 
 
-def chosen_task(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str, Any]]) -> str:
-    """task.name as the overrides, else the file, else the default set it."""
-    name = TaskConfig.name
+def chosen_task(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str, Any]],
+                path: str | Path | None = None) -> str:
+    """task.name as the overrides, else the file, else the default set it; a relative
+    file reference made absolute from the config file's folder (set in the file) or the
+    working folder (set by an override), so that every rank imports the same file."""
+    name, folder = TaskConfig.name, Path.cwd()
     file_task = mapping.get("task")
     if isinstance(file_task, Mapping) and isinstance(file_task.get("name"), str):
         name = file_task["name"]
+        folder = Path(path).parent if path is not None else folder
     for _, sec, key, value in parsed:
         if (sec, key) == ("task", "name") and isinstance(value, str):
-            name = value
-    return name
+            name, folder = value, Path.cwd()
+    try:
+        return references.absolute(name, folder)
+    except references.TaskReferenceError as e:
+        raise ConfigError(str(e)) from None
+
+
+def model_folder(mapping: Mapping[str, Any], parsed: Sequence[tuple[str, str, str, Any]],
+                 path: str | Path | None) -> Path:
+    """Where a relative path in model.name is taken from: the working folder for an
+    override, else the config file's folder."""
+    if any((sec, key) == ("model", "name") for _, sec, key, _ in parsed) or path is None:
+        return Path.cwd()
+    return Path(path).parent
+
+
+#: model.name prefixes that name a library's network, not a builder of the user's.
+LIBRARIES = ("torchvision", "timm", "transformers")
+
+
+def absolute_model(name: str, folder: Path) -> str:
+    """model.name with a relative file in it (`path/file.py:callable`,
+    `transformers:file.json`) made absolute from `folder`: every rank, a resume and an
+    export then read the same file."""
+    prefix, colon, rest = name.partition(":")
+    if not colon:
+        return name
+    if prefix == "transformers" and rest.endswith(".json"):
+        return f"{prefix}:{os.path.normpath(os.path.join(os.path.abspath(folder), rest))}"
+    target, _, attr = name.rpartition(":")
+    if prefix in LIBRARIES or not (target.endswith(".py") or "/" in target):
+        return name
+    return f"{os.path.normpath(os.path.join(os.path.abspath(folder), target))}:{attr}"
+
+
+def from_record(mapping: Mapping[str, Any], where: str) -> Config:
+    """The config a run recorded (a checkpoint's or an export's `config`), rebuilt with
+    its keys and types checked strictly and its task's own checks, but no path checks:
+    a trained model is rebuilt where its data and run folder may not be."""
+    task_values = mapping.get("task")
+    name = task_values.get("name") if isinstance(task_values, Mapping) else None
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: the recorded config names no task.name")
+    task = find_task(name)
+    cfg = Config()
+    cfg.task_section = (task.section.key, task.section.type()) if task.section else ("", None)
+    apply_mapping(cfg, {k: dict(v) if isinstance(v, Mapping) else v
+                        for k, v in mapping.items()}, f"in {where}")
+    if task.section is not None and task.section.check is not None:
+        task.section.check(cfg)
+    return cfg
 
 
 def validate(cfg: Config) -> None:
@@ -855,6 +974,17 @@ def dumps(cfg: Config) -> str:
     for sec, values in cfg.to_dict().items():
         lines.append(f"[{sec}]")
         for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def toml_value(value: Any) -> str:
+    """`value` as TOML: JSON's text for numbers, strings and lists of them; a table
+    (model.kwargs) inline, its keys quoted."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)

@@ -61,6 +61,8 @@ def field_docs(cls: type) -> dict[str, str]:
 def _type_name(tp: typing.Any) -> str:
     if typing.get_origin(tp) is types.UnionType:  # int | str: a count or "auto"
         return " or ".join(_type_name(t) for t in typing.get_args(tp))
+    if typing.get_origin(tp) is dict:  # a free table (model.kwargs)
+        return "table"
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
         return f"list of {item.__name__}"

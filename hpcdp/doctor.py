@@ -116,6 +116,34 @@ def check_inflate() -> list[Check]:
                                 "than with ISA-L (pip install isal, where it has wheels)")]
 
 
+def model_library_checks(rows: Sequence[Mapping[str, object]]) -> list[Check]:
+    """One check per optional model library (hpcdp.models.libraries.report): missing is
+    fine (only its named networks need it), a mismatch with the torch in use fails, a
+    torchvision whose compiled operators do not load is a warning (its networks work)."""
+    checks = []
+    for row in rows:
+        name, version = str(row["name"]), row["version"]
+        if version is None:
+            checks.append(Check(OK, name, f"not installed (optional: model.name = {name}:... "
+                                          "needs it; pip install 'hpcdp[models]')"))
+        elif row["problem"]:
+            checks.append(Check(FAIL, name, str(row["problem"])))
+        elif row["note"]:
+            checks.append(Check(WARN, name, f"{version}: {row['note']}"))
+        else:
+            checks.append(Check(OK, name, str(version)))
+    return checks
+
+
+def check_model_libraries() -> list[Check]:
+    try:
+        from hpcdp.models import libraries
+
+        return model_library_checks(libraries.report())
+    except Exception as exc:  # noqa: BLE001 - torch itself is checked (and named) above
+        return [Check(WARN, "models", f"the model libraries were not checked: {exc}")]
+
+
 def check_torch() -> list[Check]:
     try:
         import torch
@@ -341,8 +369,8 @@ def check_srun_mpi(timeout: float = 20.0) -> list[Check]:
 
 
 def stack_checks() -> list[Check]:
-    return (check_torch() + check_pillow() + check_inflate() + check_horovod() + check_mpi()
-            + check_hdf5() + check_slurm() + check_srun_mpi())
+    return (check_torch() + check_model_libraries() + check_pillow() + check_inflate()
+            + check_horovod() + check_mpi() + check_hdf5() + check_slurm() + check_srun_mpi())
 
 
 @dataclass(frozen=True)

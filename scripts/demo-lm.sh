@@ -6,7 +6,9 @@
 #
 # Variables: VENV (default .venv), DEMO_LM_DATA (default data/markov),
 # DEMO_LM_RUN (default runs/lm_markov; cleared first), DEMO_LM_MARGIN (default
-# 0.05 nats/token), DEMO_NP (default 2).
+# 0.05 nats/token), DEMO_NP (default 2), DEMO_LM_CONFIG (default
+# hpcdp/configs/lm_markov.toml; hpcdp/configs/lm_markov_llama.toml trains a
+# transformers Llama of the same shape instead).
 set -euo pipefail
 
 DEMO_NAME=demo-lm
@@ -14,9 +16,10 @@ source "$(dirname "$0")/demo-common.sh"
 DATA=${DEMO_LM_DATA:-data/markov}
 RUN=${DEMO_LM_RUN:-runs/lm_markov}
 MARGIN=${DEMO_LM_MARGIN:-0.05}
+CONFIG=${DEMO_LM_CONFIG:-hpcdp/configs/lm_markov.toml}
 
 demo_prepare "preparing the Markov corpus" markov.py "$DATA"
-demo_train "the tiny GPT" hpcdp/configs/lm_markov.toml "$DATA" "$RUN"
+demo_train "the model of $CONFIG" "$CONFIG" "$DATA" "$RUN"
 
 "$PY" - "$RUN/summary.json" "$DATA/val.h5" "$MARGIN" "$TRAIN_SECS" <<'PYEOF'
 import json
@@ -31,6 +34,7 @@ with h5py.File(val_file, "r") as f:
 gap = s["val_loss"] - floor
 print()
 print("demo-lm summary")
+print(f"  model                {s['model']}")
 print(f"  validation loss      {s['val_loss']:.4f} nats/token (perplexity "
       f"{s['val_perplexity']:.3f}) on {s['val_samples']} windows")
 print(f"  entropy rate         {floor:.4f} nats/token: the floor no model beats")

@@ -131,8 +131,14 @@ fi
 echo "$hvdkey" > "$VENV/.hpcdp-horovod"
 
 # --- the project -----------------------------------------------------------
-log "installing hpcdp (editable) with its test tools"
-"${PIP[@]}" install --no-build-isolation "${find_horovod[@]}" --find-links "$h5dir" -e ".[dev]"
+# With the model libraries (the `models` extra), each matched to the torch in use: torch is
+# pinned to the installed build in the same command, so pip never replaces it, and
+# torchvision is the release made for this torch (0.(minor + 15): torch 2.13 -> 0.28).
+torch_pin=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+tv_minor=$(( $(echo "$torch_pin" | cut -d. -f2) + 15 ))
+log "installing hpcdp (editable) with its test tools and the model libraries (torchvision 0.$tv_minor for torch $torch_pin)"
+"${PIP[@]}" install --no-build-isolation "${find_horovod[@]}" --find-links "$h5dir" \
+  -e ".[dev,models]" "torch==$torch_pin" "torchvision==0.$tv_minor.*"
 HOROVOD_KIND=$HOROVOD_KIND "$PY" - <<'PYEOF'
 import os, h5py, horovod.torch as hvd, torch
 assert h5py.get_config().mpi, "h5py was not built against parallel HDF5"
@@ -140,6 +146,10 @@ from hpcdp.runtime import hvd_build
 build = hvd_build.installed_build()
 if os.environ["HOROVOD_KIND"] != "site":  # a site's Horovod was checked above
     assert hvd.mpi_built() and hvd.gloo_built(), "Horovod lacks the MPI or Gloo controller"
+from hpcdp.models import libraries
+for lib in libraries.report():  # a mismatch is named here and by hpcdp doctor, never fatal
+    said = lib["problem"] or lib["note"]
+    print(f"setup-python: {lib['name']} {lib['version']}" + (f": {said}" if said else ""))
 print(f"setup-python: ready: torch {torch.__version__}, {build.describe(switches=False)} "
       f"(HPCDP_HOROVOD={os.environ['HOROVOD_KIND']}), "
       f"h5py {h5py.__version__} (parallel)")

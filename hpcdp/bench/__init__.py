@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "reader": "sharded HDF5 reader vs raw slab reads vs a per-sample DataLoader",
     "prep": "parallel dataset preparation, 1 rank vs 2 ranks",
     "train": "weak scaling of real training, 1 vs 2 ranks, step-time split (or --mode ceiling)",
+    "user-task": "a user's task file wrapping a built-in network vs task.name=image",
     "gpu": "one GPU: ResNet-50, GPT-2 124M, DLRM, eager and compiled (--tiny: CPU check)",
     "large-batch": "the result at 8x and 32x the batch (SGD/AdamW vs LARS/LAMB), compression",
 }
@@ -36,6 +37,8 @@ LONG = ("large-batch",)
 TARGET_VS_CEILING = {"resnet18": 0.95, "digits_cnn": 0.8}
 #: The data share of the step time to stay under, where a model's target is not 5%.
 DATA_SHARE_OF = {"gpt2_124m": 0.02}
+#: A user's task wrapping a built-in network: its step time over the built-in task's at most.
+USER_TASK_RATIO = 1.02
 ALLREDUCE_TARGET = 0.8  # Horovod's bus bandwidth over raw MPI's at the largest size
 #: hpcdp's 1-rank step over the bare loop's, measured in one process: at most this share
 #: of the bare step (ResNet-18), or these milliseconds (the digits CNN, whose
@@ -90,6 +93,9 @@ def targets(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, bool]]
             rows.append((f"hpcdp gradient buckets >= 2x faster than off ({run})",
                          f"{gain:.2f}x", gain >= 2.0))
         return rows
+    if name == "user-task" and "ratio" in summary:
+        return [(f"user task's step / the built-in's <= {USER_TASK_RATIO}",
+                 f"{summary['ratio']:.3f}", summary["ratio"] <= USER_TASK_RATIO)]
     if name == "prep" and "speedup_2_over_1" in summary:
         return [("prep: 2 ranks not slower than 1", f"{summary['speedup_2_over_1']:.2f}x",
                  summary["speedup_2_over_1"] >= 1.0)]
@@ -107,6 +113,11 @@ def overhead_rows(model: str, inproc: dict[str, Any]) -> list[tuple[str, str, bo
         return [(f"{model}: 1-rank step at most {ms} ms over the bare loop's (one process)",
                  f"{inproc['overhead_ms']:+.3f} ms", inproc["overhead_ms"] <= ms)]
     return []
+
+
+def module_of(name: str) -> str:
+    """The module of benchmark `name` (a dash in the command is an underscore in Python)."""
+    return f"hpcdp.bench.{name.replace('-', '_')}"
 
 
 def run_all(argv: list[str]) -> int:
@@ -127,8 +138,7 @@ def run_all(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== hpcdp bench {name} ===", flush=True)
         start = time.monotonic()
-        module = importlib.import_module(f"hpcdp.bench.{module_name(name)}")
-        code = int(module.main(["--out", str(out)]) or 0)
+        code = int(importlib.import_module(module_of(name)).main(["--out", str(out)]) or 0)
         print(f"=== {name}: exit {code} after {time.monotonic() - start:.0f}s ===", flush=True)
         path = out / f"{name}.json"
         if code or not path.exists():
@@ -159,10 +169,5 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(f"hpcdp.bench.{module_name(name)}")
+    module = importlib.import_module(module_of(name))
     return int(module.main(args[1:]) or 0)
-
-
-def module_name(benchmark: str) -> str:
-    """The module of a benchmark's name: `large-batch` is hpcdp.bench.large_batch."""
-    return benchmark.replace("-", "_")

@@ -41,6 +41,8 @@ HELP = {
     "venv": "virtual environment to activate",
     "srun_mpi": "srun --mpi plugin (default: the site's MpiDefault; see srun --mpi=list)",
     "srun_options": "another srun option, e.g. --srun-options=--cpu-bind=cores",
+    "script": "a training script of your own (built on hpcdp.session) to run instead of "
+              "hpcdp.train; what follows -- is its arguments",
     "config": "training config file (TOML)",
 }
 

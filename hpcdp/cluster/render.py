@@ -165,8 +165,10 @@ def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None)
 
 
 HEADER = """\
-# hpcdp training job. Arguments after the script name go to `python -m hpcdp.train`:
+# hpcdp training job. Arguments after the script name go to `python -m hpcdp.train`,
+# or, after --script FILE [--], to a training script of your own (hpcdp.session):
 #   sbatch [sbatch options] THIS_SCRIPT --config FILE key.sub=value ...
+#   sbatch [sbatch options] THIS_SCRIPT --script my_train.py -- ARGS ...
 # One rank per GPU (per task on CPU-only nodes or with --gpus-per-task), launched with
 # srun and the site's MPI plugin. Environment (all optional): HPCDP_VENV (venv to
 # activate), HPCDP_SETUP (file to source first: module loads, exports), HPCDP_PYTHON
@@ -295,8 +297,15 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
 srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
            --kill-on-bad-exit=1 "${srun_options[@]}" "${srun_extra[@]}")
+# `--script FILE [--]` first: the ranks run that script instead of hpcdp.train.
+if [[ "${1:-}" == --script ]]; then
+  [[ -n "${2:-}" && "$2" != -* ]] || { log "error: --script needs a file name"; exit 2; }
+  entry=("$2")
+  shift 2
+  [[ "${1:-}" != -- ]] || shift
+fi
 # A container wraps the command alone: this shell, which requeues, stays outside.
-command=("${launch_prefix[@]}" "$python" -m hpcdp.train "${train_args[@]}" "$@"
+command=("${launch_prefix[@]}" "$python" "${entry[@]}" "${train_args[@]}" "$@"
          "${signal_args[@]}")
 if (( ${#launch_prefix[@]} )) && ! command -v "${launch_prefix[0]}" > /dev/null; then
   log "error: container runtime ${launch_prefix[0]} not found on" \
@@ -418,6 +427,7 @@ def render(
     srun_mpi: str | None = None,
     srun_options: Sequence[str] = (),
     container: Mapping[str, object] | None = None,
+    script: str | None = None,
     config: str | None = None,
     overrides: Sequence[str] = (),
 ) -> str:
@@ -435,8 +445,10 @@ def render(
     environment. srun_mpi: srun's --mpi plugin (default: the site's MpiDefault).
     srun_options: more srun options (binding, say). container: settings for
     hpcdp.cluster.containers (runtime, image, mounts, gpus, options) to run each rank in.
-    config and overrides (`key.sub=value`): the training run; arguments given
-    to sbatch after the script are appended to them.
+    script: a training script of the user's own (built on hpcdp.session) that the
+    ranks run instead of `python -m hpcdp.train`; `overrides` are then its arguments,
+    taken as they are. config and overrides (`key.sub=value`): the training run;
+    arguments given to sbatch after the script are appended to them.
     """
     alloc = _allocation(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
                         signal, signal_lead, exclusive)
@@ -447,7 +459,7 @@ def render(
     lines.append("set -eo pipefail")
     lines += _environment(modules, setup, env, venv, srun_mpi)
     lines += _launch(srun_options, container)
-    lines += _training_args(signal, config, overrides)
+    lines += _training_args(signal, config, overrides, script)
     return "\n".join(lines) + "\n" + PROLOGUE + TRAIN
 
 
@@ -555,9 +567,11 @@ def _environment(modules: Sequence[str], setup: Sequence[str], env: Mapping[str,
     return body
 
 
-def _training_args(signal: str, config: str | None, overrides: Sequence[str]) -> list[str]:
-    """The shell arrays the launch hands to `hpcdp.train`: the warning signal where the
-    training does not catch it by default, then the config and overrides."""
+def _training_args(signal: str, config: str | None, overrides: Sequence[str],
+                   script: str | None = None) -> list[str]:
+    """The shell arrays of the launch: what the ranks run (`hpcdp.train`, or `script`),
+    the warning signal where the training does not catch it by default, then the
+    config and overrides (a script's own arguments, unchecked)."""
     body = []
     if signal not in PreemptConfig().signals:
         # After the sbatch arguments, so that none of them is taken for an option value.
@@ -566,11 +580,22 @@ def _training_args(signal: str, config: str | None, overrides: Sequence[str]) ->
     if config is not None:
         args += ["--config", _text("config", config)]
     for i, item in enumerate(_lines("overrides", overrides)):
-        if not _OVERRIDE.match(item):
+        if script is None and not _OVERRIDE.match(item):
             raise RenderError(f"overrides[{i}] {item!r} is not of the form key.sub=value")
         args.append(item)
     body.append("train_args=(" + " ".join(_q(a) for a in args) + ")")
-    return body
+    return [f"entry=({' '.join(map(_q, _entry(script)))})", *body]
+
+
+def _entry(script: object) -> list[str]:
+    """What python runs on every rank: the trainer's module, or the user's script."""
+    if script is None:
+        return ["-m", "hpcdp.train"]
+    text = _text("script", script)
+    if not text or text.startswith("-"):
+        raise RenderError(f"script {text!r} is not a file name (a Python file such as "
+                          "my_train.py)")
+    return [text]
 
 
 def render_prep() -> str:

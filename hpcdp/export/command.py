@@ -8,6 +8,11 @@ the image size, channels, scaling and normalisation and class names; the
 vocabulary and tokenizer; the click model's features and tables. Facts that
 only the data files hold (class names, the tokenizer's name) are read from the
 run's training file when it is still there, else left null and said.
+
+hpcdp's own networks are recorded by their spec; any other model (a user's task, a
+named network) by its builder: the task reference, the model's name, the sample shape
+and the run's config, from which `hpcdp.export.load` rebuilds it by calling the task's
+`build_model` (hpcdp.tasks.rebuild).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from hpcdp import __version__
 from hpcdp.config import ConfigError
 from hpcdp.export import bundle
 from hpcdp.models import spec as specs
+from hpcdp.tasks import rebuild
 from hpcdp.train import checkpoint_files as ckpt
 from hpcdp.train.trained import Trained, load
 
@@ -73,7 +79,7 @@ def image_schema(spec: Mapping[str, Any], config: Mapping[str, Any],
     if names is not None and len(names) != spec["num_classes"]:
         names = None  # a file that does not describe this model's outputs
     mean, std = normalisation(image, attrs)
-    return {"layout": "NCHW", "dtype": "float32", "channels": spec["in_channels"],
+    return {"kind": "image", "layout": "NCHW", "dtype": "float32", "channels": spec["in_channels"],
             "image_size": size, "scale": float(image.get("scale", 255.0)),
             "mean": mean, "std": std, "num_classes": spec["num_classes"],
             "class_names": names, "transform": "integer pixels / scale, then (x - mean) / "
@@ -148,19 +154,43 @@ def recsys_schema(spec: Mapping[str, Any], config: Mapping[str, Any],
 SCHEMAS = {"image": image_schema, "lm": lm_schema, "recsys": recsys_schema}
 
 
+def built_schema(entry: Mapping[str, Any], config: Mapping[str, Any],
+                 attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs of a model its task's builder made (hpcdp.tasks.rebuild), told by the
+    task's config section: a task with an [image] section reads images as the image task
+    does (so `hpcdp predict` feeds them), one with [lm] token ids; any other, its samples'
+    shape."""
+    shape = list(entry["sample_shape"])
+    if "image" in config and len(shape) == 3:
+        facts = {"in_channels": shape[0], "image_size": shape[1] if shape[1] == shape[2] else
+                 None, "num_classes": int(config["image"]["num_classes"])}
+        return image_schema(facts, config, attrs)
+    if "lm" in config:
+        lm = config["lm"]
+        return {"kind": "tokens", "dtype": "int64", "shape": "(batch, t <= seq_len) token ids",
+                "seq_len": lm.get("seq_len"), "vocab_size": lm.get("vocab_size")}
+    return {"kind": "samples", "sample_shape": shape}
+
+
+def input_schema(trained: Trained, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    if rebuild.is_builder(trained.spec):
+        return built_schema(trained.spec, trained.config, attrs)
+    return SCHEMAS[trained.task](trained.spec, trained.config, attrs)
+
+
 def export_config(trained: Trained, attrs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """config.json's content (less the weights entry) and the tokenizer text to ship."""
     config, task = trained.config, trained.task
     out: dict[str, Any] = {
         "task": task, "model": trained.spec,
-        "input": SCHEMAS[task](trained.spec, config, attrs),
+        "input": input_schema(trained, attrs),
         "source": {"checkpoint": str(trained.path), "step": trained.state.get("step"),
                    "epoch": trained.state.get("epoch"),
                    "data_file": attrs.get("_path"), "hpcdp_version": __version__,
                    "exported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
     }
     text = None
-    if task == "lm":
+    if "lm" in config:
         out["tokenizer"], text = lm_tokenizer(config, attrs)
     return out, text
 
@@ -197,6 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     src = config["source"]
     print(f"exported {config['task']} model {config['model']['name']} from {src['checkpoint']} "
           f"(step {src['step']}) -> {args.out}")
-    if config["task"] == "image" and not config["input"].get("class_names"):
+    if config["input"].get("kind") == "image" and not config["input"].get("class_names"):
         print("  no class names found in the training data: predictions will show class numbers")
     return 0

@@ -1,4 +1,4 @@
-"""`hpcdp generate (RUN_DIR | EXPORT_DIR)`: sample from a trained GPT.
+"""`hpcdp generate (RUN_DIR | EXPORT_DIR)`: sample from a trained language model.
 
     hpcdp generate runs/lm --prompt "def " --tokens 200 --temperature 0.8 --top-k 40 --seed 1
 
@@ -50,8 +50,9 @@ def open_model(source: Path, allow_group_write: bool = False
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="hpcdp generate",
-        description="Sample tokens from a trained GPT (a KV cache while the text fits the "
-        "context; past it, the window slides over the last seq_len tokens).")
+        description="Sample tokens from a trained language model (hpcdp's GPT with a KV cache "
+        "while the text fits the context; past it, the window slides over the last seq_len "
+        "tokens; other models recompute the window for each token).")
     p.add_argument("source", type=Path, help="an export folder, a run folder or a checkpoint")
     p.add_argument("--prompt", default="", help="text to continue (ids as numbers for a "
                    "tokenizer without text); empty: start a document")
@@ -89,23 +90,38 @@ def option_problem(temperature: float, tokens: int, top_k: int) -> str | None:
     return None
 
 
+def window_and_vocab(net: torch.nn.Module, config: dict[str, Any], source: Path
+                     ) -> tuple[int, int]:
+    """(context window, vocabulary) of a language model: the GPT's own, else the token
+    inputs config.json describes (a transformers model, a builder's: lm.seq_len and
+    lm.vocab_size as the run recorded them)."""
+    if isinstance(net, GPT):
+        return net.cfg.seq_len, net.cfg.vocab_size
+    inputs = config.get("input") or {}
+    window, vocab = inputs.get("seq_len"), inputs.get("vocab_size")
+    if inputs.get("kind") != "tokens" or not isinstance(window, int) \
+            or not isinstance(vocab, int):
+        raise text.TextError(f"{source}: a {config['task']!r} model without token inputs; "
+                             "generate samples from language models (task lm)")
+    return window, vocab
+
+
 def run(args: argparse.Namespace) -> int:
     net, config, tokenizer_json = open_model(args.source, args.allow_group_write)
-    if config["task"] != "lm" or not isinstance(net, GPT):
-        raise text.TextError(f"{args.source}: a {config['task']!r} model; generate samples "
-                             "from language models (task lm)")
+    window, vocab = window_and_vocab(net, config, args.source)
     codec = text.codec(config.get("tokenizer"), tokenizer_json)
     prompt = codec.encode(args.prompt)
-    vocab = net.cfg.vocab_size
     if any(not 0 <= t < vocab for t in prompt):
         raise text.TextError(f"the prompt holds ids outside the vocabulary 0..{vocab - 1}")
     net = net.to(args.device)
-    if net.cfg.width <= 1024 and "OMP_NUM_THREADS" not in os.environ:
+    small = net.cfg.width <= 1024 if isinstance(net, GPT) else \
+        sum(p.numel() for p in net.parameters()) <= 50_000_000
+    if small and "OMP_NUM_THREADS" not in os.environ:
         # One token at a time of a small model is too little work to split over threads:
         # on a busy node the threads' waits cost 30x a single thread's time.
         torch.set_num_threads(1)
     got = generate(net, prompt, args.tokens, args.temperature, args.top_k, args.seed,
-                   cache=not args.no_cache)
+                   cache=not args.no_cache, window=window)
     if len(prompt) > got.context:
         print(f"note: the prompt has {len(prompt)} tokens; the model reads the last "
               f"{got.context}", file=sys.stderr)

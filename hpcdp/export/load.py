@@ -1,7 +1,11 @@
 """`load(DIR)`: an exported model as an eval-mode torch module, and its config.
 
-Imports torch, safetensors and hpcdp.models only: the model can be used where
-Horovod, MPI and HDF5 are not installed.
+Imports torch, safetensors, hpcdp.models and hpcdp.tasks.rebuild only: hpcdp's own
+networks can be used where Horovod, MPI and HDF5 are not installed. A model recorded by
+its builder (a user's task, a named network) is rebuilt by its task, whose module is
+imported (with what it imports): loading such a folder runs that task's code, so load
+only folders whose task you trust; a builder that cannot be imported is refused, naming
+it. No file is ever unpickled.
 
 The order bounds what a crafted folder can cost: config.json (size-capped) and the
 weights file's size and hash first; then the weights' header against the model
@@ -21,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from hpcdp.export import bundle
 from hpcdp.models import spec as specs
+from hpcdp.tasks import rebuild
 
 _T = torch.Tensor
 #: Value fills a shapes-only build skips: they change no shape, and on the meta device some
@@ -50,11 +55,19 @@ def model_from(config: dict[str, Any], tensors: dict[str, torch.Tensor], source:
                ) -> torch.nn.Module:
     """The network config["model"] describes, holding `tensors`, in eval mode on the CPU."""
     try:
-        net = specs.build(config["model"])
+        net = rebuild.build(config["model"])
         specs.load_weights(net, tensors, source)
     except specs.SpecError as e:
-        raise bundle.ExportError(f"{e} (config.json's model: {config['model']})") from None
+        raise bundle.ExportError(f"{e} (config.json's model: {shown(config['model'])})"
+                                 ) from None
     return net.eval()
+
+
+def shown(model: Mapping[str, Any]) -> Any:
+    """A model entry for a message: a spec whole, a builder entry without its config."""
+    if rebuild.is_builder(model):
+        return {k: v for k, v in model.items() if k != "config"}
+    return dict(model)
 
 
 def _check_counts(spec: Mapping[str, Any], tensors: int, where: str) -> None:
@@ -71,12 +84,13 @@ def planned(spec: Mapping[str, Any], tensors: int, where: str
             ) -> tuple[dict[str, tuple[str, tuple[int, ...]]], set[str]]:
     """({state key: (safetensors dtype, shape)}, the keys stored once) of the model `spec`
     describes, from a shapes-only build: nothing is allocated."""
-    _check_counts(spec, tensors, where)
+    if not rebuild.is_builder(spec):  # a builder is the task's code: its counts are its own
+        _check_counts(spec, tensors, where)
     try:
         with torch.device("meta"), _ShapesOnly():
-            net = specs.build(spec)
+            net = rebuild.build(spec)
     except (specs.SpecError, RuntimeError, TypeError, ValueError, OverflowError) as e:
-        raise bundle.ExportError(f"{where}: its model {dict(spec)} cannot be built: "
+        raise bundle.ExportError(f"{where}: its model {shown(spec)} cannot be built: "
                                  f"{e}") from None
     state = net.state_dict(keep_vars=True)
     own, seen = set(), set()

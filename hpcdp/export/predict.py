@@ -119,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--max-pixels {args.max_pixels}: expected a positive count")
     try:
         net, config = load(args.export, args.device)
-        if config["task"] != "image":
-            raise bundle.ExportError(f"{args.export}: a {config['task']!r} model; predict "
-                                     "classifies images (task image)")
+        if config["task"] != "image" and config["input"].get("kind") != "image":
+            raise bundle.ExportError(f"{args.export}: a {config['task']!r} model that does "
+                                     "not read images; predict classifies images (a task "
+                                     "with an [image] section)")
         files = image_files(args.files)
         if not files:
             raise bundle.ExportError("no image files found")

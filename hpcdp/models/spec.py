@@ -4,7 +4,8 @@ A spec is a JSON-able dict: the model's name and every number its constructor
 takes. It is derived from a checkpoint's config and weights (`from_checkpoint`:
 the vocabulary, the tables and the input channels are read off the weights, so
 no data file is needed), stored in an export's config.json, and turned back
-into the network by `build`. `load_weights` puts a state dict into it after
+into the network by `build`; hpcdp's own networks only (`has_spec`), any other is
+rebuilt by its task (hpcdp.tasks.rebuild). `load_weights` puts a state dict into it after
 checking that every tensor is there with its shape, naming the source file.
 
 Pure torch: no Horovod, MPI or HDF5, so a model can be rebuilt outside hpcdp's
@@ -68,6 +69,17 @@ def recsys_spec(recsys: Mapping[str, Any], state: Mapping[str, torch.Tensor]
             "table_sizes": [rows for _, rows in tables],
             "embed_dim": int(recsys["embed_dim"]),
             "bottom": [int(b) for b in recsys["bottom"]], "top": [int(t) for t in recsys["top"]]}
+
+
+#: hpcdp's own networks, by task: the models a spec describes. Any other model (a user's
+#: task, a named network) is rebuilt by its task's builder (hpcdp.tasks.rebuild).
+OWN_NETWORKS = {"image": frozenset(vision.MODELS), "lm": frozenset({"gpt"}),
+                "recsys": frozenset({"dlrm"})}
+
+
+def has_spec(task: str, model_name: str) -> bool:
+    """Whether the model of a checkpoint of `task` is one of hpcdp's own networks."""
+    return model_name in OWN_NETWORKS.get(task, ())
 
 
 def from_checkpoint(task: str, model_name: str, config: Mapping[str, Any],

@@ -27,7 +27,10 @@ it. The training package (hpcdp.train) asks the task for:
 - `section` (optional): the task's own config section (hpcdp.config.TaskSection):
   its key ([image]), its dataclass, its checks, its keys' choices and the shared
   keys that moved into it. The config finds a task by its name alone, so a new
-  workload is one new module here exporting TASK (and its data recipe).
+  built-in workload is one new module here exporting TASK (and its data recipe); a
+  user's own is a Task anywhere, named by reference (`task.name =
+  "package.module:ATTR"` or `"path/to/file.py:ATTR"`, hpcdp.references) or declared by
+  an installed package under the entry-point group `hpcdp.tasks`.
 
 Optional:
 
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpcdp.config import ConfigError, TaskSection, find_task
+from hpcdp.config import LIBRARIES, ConfigError, TaskSection, find_task
 from hpcdp.data.read.protocol import ReadOptions, TrainingReader, ValidationReader
 
 if TYPE_CHECKING:
@@ -137,19 +140,37 @@ class Task:
     rates: Callable[[Config, torch.nn.Module, float, int, torch.device],
                     dict[str, float]] = _no_rates
     sample_keys: Callable[[Config], bool] = _never
+    # The kinds of named network (model.name with a colon: hpcdp.models.named) the task's
+    # build_model takes: "torchvision", "timm", "transformers", "builder" (the user's).
+    named: tuple[str, ...] = ()
 
     def check_model(self, name: str) -> None:
-        """Raise ConfigError naming the choices when the task has no model `name`."""
+        """Raise ConfigError naming the choices when the task has no model `name`; for a
+        builder of the user's, when its module or file or its callable cannot be found."""
+        if ":" in name:
+            prefix = name.partition(":")[0]
+            kind = prefix if prefix in LIBRARIES else "builder"
+            if kind not in self.named:
+                takes = ", ".join(f"{k}:" if k != "builder" else "package.module:callable"
+                                  for k in self.named) or "none"
+                raise ConfigError(f"model.name={name!r}: task {self.name!r} builds no {kind} "
+                                  f"network (named networks it takes: {takes})")
+            if kind == "builder":  # its module and callable found now, before any rank starts
+                from hpcdp.models import named  # imports torch: only for a user's builder
+
+                named.builder_of(name, named.parse(name))
+            return
         if name not in self.models:
             raise ConfigError(f"unknown model {name!r} for task {self.name!r}; "
                              f"choose one of {', '.join(self.models)}")
 
 
 def get(name: str) -> Task:
-    """The task named `name`: TASK of the module hpcdp.tasks.<name> (config.find_task)."""
+    """The task `name` (a built-in's name, an installed one's, or a reference to the
+    user's own: config.find_task, which also checks it is a Task)."""
     task = find_task(name)
-    if not isinstance(task, Task):
-        raise ConfigError(f"hpcdp.tasks.{name}.TASK is a {type(task).__name__}, not a Task")
+    if not isinstance(task, Task):  # pragma: no cover - find_task refuses it first
+        raise ConfigError(f"task.name={name!r} is a {type(task).__name__}, not a Task")
     return task
 
 

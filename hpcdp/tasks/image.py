@@ -1,4 +1,5 @@
-"""Image classification: digits CNN, a small convnet and ResNet-18/50 on samples-first images.
+"""Image classification: digits CNN, a small convnet, ResNet-18/50 or a named network
+(torchvision:, timm:, a builder of the user's: hpcdp.models.named) on samples-first images.
 
 Reads `image.x_name` (images, any numeric dtype, shaped (C, H, W)) and
 `image.y_name` (integer class labels). Integer images are divided by
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from hpcdp.config import Config, ConfigError, TaskSection, at_least_one, not_empty, not_negative
 from hpcdp.data.read.augment import augment
 from hpcdp.data.read.samples import ReaderError, open_h5
+from hpcdp.models import named
 from hpcdp.models.vision import MODELS, build_model
 from hpcdp.tasks import Dataset, Metric, Task, default_optimizers
 
@@ -63,6 +65,10 @@ class ImageConfig:
 
 def check(cfg: Config) -> None:
     c = cfg.image
+    if cfg.model.kwargs and ":" not in cfg.model.name:
+        raise ConfigError(f"model.kwargs is for a named network (torchvision:, timm:, a "
+                          f"builder); model.name={cfg.model.name!r} takes its shape from "
+                          "[image] (image.width, image.cifar_stem)")
     if isinstance(c.num_classes, str):
         if c.num_classes != AUTO:
             raise ConfigError(f"image.num_classes={c.num_classes!r}: a class count (at least "
@@ -94,9 +100,14 @@ def datasets(cfg: Config) -> Sequence[Dataset]:
 
 
 def model(cfg: Config, sample_shape: tuple[int, ...]) -> torch.nn.Module:
+    """hpcdp's network model.name names, or a named one (torchvision:, timm:, a builder of
+    the user's: hpcdp.models.named), its head sized by image.num_classes."""
     c = cfg.image
     if c.num_classes == AUTO:  # setup fills it from the training file first (from_data)
         raise ConfigError("image.num_classes is 'auto', and no training file has settled it")
+    if named.parse(cfg.model.name) is not None:
+        return named.image_network(cfg.model.name, cfg.model.kwargs, cfg, sample_shape,
+                                   int(c.num_classes))
     return build_model(cfg.model.name, sample_shape, int(c.num_classes), c.width, c.cifar_stem)
 
 
@@ -266,15 +277,16 @@ def prepare(batch: Any, cfg: Config, device: torch.device) -> tuple[torch.Tensor
     return to_input(x, cfg, device, keys[0] if keys else None), y.to(device, non_blocking=True)
 
 
-def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(out.float(), y)
+def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of the logits (the output, or its `.logits`: hpcdp.models.named)."""
+    return F.cross_entropy(named.logits(out).float(), y)
 
 
-def measure(out: torch.Tensor, y: torch.Tensor, mean_loss: torch.Tensor
+def measure(out: Any, y: torch.Tensor, mean_loss: torch.Tensor
             ) -> Mapping[str, torch.Tensor]:
     """Sums over this batch: the loss (mean times samples) and the correct predictions
     (accumulated in float64 by MetricSums)."""
-    return {"loss": mean_loss.detach() * len(y), "acc": (out.argmax(1) == y).sum()}
+    return {"loss": mean_loss.detach() * len(y), "acc": (named.logits(out).argmax(1) == y).sum()}
 
 
 TASK = Task(
@@ -290,5 +302,6 @@ TASK = Task(
     check_file=check_file,
     from_data=from_data,
     sample_keys=sample_keys,
+    named=("torchvision", "timm", "builder"),
     section=TaskSection("image", ImageConfig, check, choices=CHOICES, moved=MOVED),
 )

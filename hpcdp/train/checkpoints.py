@@ -5,7 +5,11 @@ The file format (checksummed, atomic) is hpcdp.train.checkpoint_files's; the pol
 - what a checkpoint holds is built in one place (`CheckpointManager.state`):
   model, optimizers, scaler, reader position, train state, every rank's RNG,
   training-metric sums since the last report and PowerSGD state (its residuals
-  are per rank), the config and the schedule;
+  are per rank), the config and the schedule, and an own loop's extra state
+  (hpcdp.session);
+- the manager sees a run through `Parts`, the stateful parts and the names a
+  checkpoint is checked against: the trainer's from its `setup.Run` (`of_run`),
+  an own loop's from hpcdp.session;
 - keep-k: after each write the newest `checkpoint.keep` files stay. A file that
   fails verification is moved aside as `*.corrupt` when a run looks for its
   checkpoint, so it never holds a slot that a good one needs;
@@ -37,6 +41,39 @@ from hpcdp.train.setup import Run, seed_everything
 log = logging.getLogger("hpcdp.train")
 
 FORMAT = 2  # 2: "optimizers" (a list), "train" state, "global_batch", "task"
+
+
+@dataclass
+class Parts:
+    """What a checkpoint saves and restores on one rank, and what names the run.
+
+    The trainer's come from its `setup.Run` (`of_run`); a script with its own loop
+    (hpcdp.session) gives its model, optimizers and reader, and `extra`: state of
+    its own (rank 0's is saved, every rank gets it back)."""
+
+    model: Any
+    optimizers: list[Any]
+    reader: Any  # a TrainingReader (hpcdp.data.read.protocol)
+    rank: int
+    size: int
+    global_batch: int  # samples per optimizer step over all ranks
+    task: str  # recorded; a resume under another task or model is refused
+    model_name: str
+    scaler: Any = None
+    schedule: sched.Schedule | None = None
+    extra: dict[str, Any] | None = None
+    seed: int = 0  # run.seed: the RNG streams of a resume on another world size
+
+    @property
+    def root(self) -> bool:
+        return self.rank == 0
+
+
+def of_run(run: Run) -> Parts:
+    """The trainer's parts."""
+    return Parts(run.model, run.optimizers, run.train_reader, run.rank, run.size,
+                 run.global_batch, run.cfg.task.name, run.cfg.model.name, run.scaler,
+                 run.schedule, seed=run.cfg.run.seed)
 
 
 @dataclass
@@ -132,7 +169,7 @@ def compression_states(optimizers: list[Any]) -> list[Any]:
             for opt in optimizers]
 
 
-def load_compression(run: Run, saved: list[Any]) -> list[str]:
+def load_compression(run: Parts, saved: list[Any]) -> list[str]:
     """Restore each optimizer's PowerSGD state from a checkpoint's per-rank `saved` states;
     returns what could not be restored, for rank 0 to warn about.
 
@@ -187,28 +224,30 @@ class CheckpointManager:
     def path(self, step: int) -> Path:
         return ckpt.step_path(self.folder, step)
 
-    def state(self, run: Run, train: TrainState, rngs: list[Any],
+    def state(self, run: Parts, train: TrainState, rngs: list[Any],
               metric_sums: list[Any], compression: list[Any] | None = None) -> dict[str, Any]:
         """Everything a checkpoint holds: the one place its contents are decided."""
         return {
-            "format": FORMAT, "task": run.cfg.task.name, "model_name": run.cfg.model.name,
+            "format": FORMAT, "task": run.task, "model_name": run.model_name,
             "step": train.step, "epoch": train.epoch,
             "train": dataclasses.asdict(train), "global_batch": run.global_batch,
             "model": run.model.state_dict(),
             "optimizers": [opt.state_dict() for opt in run.optimizers],
             "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-            "reader": run.train_reader.state_dict(),
-            "schedule": dataclasses.asdict(run.schedule),
-            "rng": rngs, "metric_sums": metric_sums,
+            "reader": run.reader.state_dict(),
+            "schedule": dataclasses.asdict(run.schedule) if run.schedule is not None else None,
+            "rng": rngs, "metric_sums": metric_sums, "extra": run.extra,
             # per rank, per optimizer: PowerSGD's Q factors and this rank's residuals, or None
             "compression": compression,
-            "config": run.cfg.to_dict(), "world_size": run.size,
+            "config": self.cfg.to_dict(), "world_size": run.size,
+            # what the task's build_model was given: a model is rebuilt from it (export)
+            "sample_shape": list(getattr(run.reader, "sample_shape", None) or []),
             "time": time.time(),
         }
 
     # -- saving -------------------------------------------------------------------------
 
-    def save(self, run: Run, train: TrainState,
+    def save(self, run: Parts, train: TrainState,
              metric_sums: dict[str, Any] | None = None) -> tuple[Path, str | None]:
         """Collective (every rank's RNG and metric sums are gathered); rank 0 alone writes.
 
@@ -274,7 +313,7 @@ class CheckpointManager:
                     notes.append(f"skipping checkpoint: {e}")
         return None, notes
 
-    def choose(self, run: Run) -> dict[str, Any]:
+    def choose(self, run: Parts) -> dict[str, Any]:
         """Rank 0 only: what to resume from, as a message every rank can act on."""
         mode = self.cfg.checkpoint.resume
         try:
@@ -297,23 +336,25 @@ class CheckpointManager:
         except (ckpt.CheckpointError, OSError) as e:
             return {"kind": "error", "message": str(e)}
 
-    def check(self, state: dict[str, Any], run: Run, name: str) -> None:
+    def check(self, state: dict[str, Any], run: Parts, name: str) -> None:
         """Refuse a checkpoint of another task, model or global batch."""
         task = state.get("task", "image")
-        if task != run.cfg.task.name:
+        if task != run.task:
             raise ckpt.CheckpointError(f"{name} was written for task {task!r}, but this run "
-                                       f"is task {run.cfg.task.name!r}")
-        ckpt.check_compatible(state, run.model, run.cfg.model.name, name)
-        if run.cfg.optim.allow_lr_change:  # the user accepts another batch and rate knowingly
+                                       f"is task {run.task!r}")
+        ckpt.check_compatible(state, run.model, run.model_name, name)
+        if self.cfg.optim.allow_lr_change:  # the user accepts another batch and rate knowingly
             return
         why = batch_change_error(stored_global_batch(state), run.global_batch, name)
         if why:
             raise ckpt.CheckpointError(why)
+        if run.schedule is None:  # an own loop's rate is its own business
+            return
         why = sched.lr_change_on_resume(state.get("schedule") or {}, run.schedule)
         if why:
             raise ckpt.CheckpointError(f"{name}: {why}")
 
-    def resume(self, run: Run) -> tuple[TrainState, str | None]:
+    def resume(self, run: Parts) -> tuple[TrainState, str | None]:
         """Collective: rank 0 chooses, broadcasts the bytes, every rank loads, all agree."""
         decision = self.choose(run) if self.root else None
         decision = dist.broadcast_object(decision, "hpcdp.resume")
@@ -331,7 +372,7 @@ class CheckpointManager:
         dist.agree(error, "resume")
         return train, decision["path"]
 
-    def load(self, state: dict[str, Any], run: Run) -> TrainState:
+    def load(self, state: dict[str, Any], run: Parts) -> TrainState:
         """Restore every part a checkpoint holds on this rank; returns the train state."""
         run.model.load_state_dict(ckpt.without_compile_prefix(state["model"]))
         saved = state["optimizers"] if "optimizers" in state else [state["optimizer"]]
@@ -342,18 +383,21 @@ class CheckpointManager:
             opt.load_state_dict(opt_state)
         if run.scaler is not None and state.get("scaler"):
             run.scaler.load_state_dict(state["scaler"])
-        run.train_reader.load_state_dict(state["reader"])
+        run.reader.load_state_dict(state["reader"])
+        if run.extra is not None:  # rank 0's, on every rank: the same on any world size
+            run.extra.clear()
+            run.extra.update(state.get("extra") or {})
         rngs = state.get("rng") or []
         if len(rngs) == run.size:
             ckpt.set_rng_state(rngs[run.rank])
         else:  # another world size: fresh, distinct, reproducible streams per rank
-            seed_everything(run.cfg.run.seed + run.rank + 1_000_003 * int(state["step"]))
+            seed_everything(run.seed + run.rank + 1_000_003 * int(state["step"]))
         sums = state.get("metric_sums") or []  # another world size: the window starts afresh
         self.metric_sums = sums[run.rank] if len(sums) == run.size else None
         for note in load_compression(run, state.get("compression") or []):
             if self.root:
                 log.warning(note)
-        if self.root and run.cfg.horovod.op == "adasum" and run.size > 1 \
+        if self.root and self.cfg.horovod.op == "adasum" and run.size > 1 \
                 and holds_tensors(run.optimizers):
             log.warning("horovod.op=adasum: each rank's optimizer state (momentum, moments) "
                         "grew from its own gradients; the checkpoint holds rank 0's, which every "

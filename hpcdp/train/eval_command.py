@@ -32,7 +32,7 @@ from hpcdp import config as cfgmod
 from hpcdp import tasks
 from hpcdp.config import Config, ConfigError
 from hpcdp.runtime.crash import report_crashes
-from hpcdp.tasks import Task, image
+from hpcdp.tasks import Task, image, rebuild
 from hpcdp.train import accel
 from hpcdp.train import checkpoint_files as ckpt
 from hpcdp.train.trained import checkpoint_of, run_config
@@ -96,7 +96,14 @@ def eval_batch(cfg: Config, size: int) -> int:
 
 
 def fit_error(task: str, spec: dict[str, Any], reader: Any, file: Path) -> str | None:
-    """Why the model cannot score `file`'s samples (their vocabulary, tables, channels)."""
+    """Why the model cannot score `file`'s samples (their vocabulary, tables, channels;
+    for a model its task's builder made, the sample shape it was built for)."""
+    if rebuild.is_builder(spec):
+        shape, built = getattr(reader, "sample_shape", None), spec["sample_shape"]
+        if shape is not None and list(shape) != list(built):
+            return f"{file}: samples shaped {tuple(shape)}, but the model was built for " \
+                   f"{tuple(built)}"
+        return None
     if task == "lm":
         vocab = reader.reader.vocab_size
         if vocab > spec["vocab_size"]:
@@ -118,6 +125,15 @@ def fit_error(task: str, spec: dict[str, Any], reader: Any, file: Path) -> str |
     return None
 
 
+def model_classes(got: Any) -> int | None:
+    """The outputs of a trained image classifier (its spec's, or for a model its task's
+    builder made, the image.num_classes it was built with); None for other models."""
+    if rebuild.is_builder(got.spec):
+        count = (got.spec["config"].get("image") or {}).get("num_classes")
+        return count if isinstance(count, int) else None
+    return int(got.spec["num_classes"]) if "num_classes" in got.spec else None
+
+
 def build(req: Request, task: Task, rank: int, size: int, device: torch.device) -> EvalRun:
     """The model and this rank's share of the file; raises on anything that does not fit."""
     from hpcdp.train import setup, trained
@@ -125,20 +141,21 @@ def build(req: Request, task: Task, rank: int, size: int, device: torch.device) 
     cfg = req.cfg
     got = trained.load(req.checkpoint, ckpt.Trust(cfg.checkpoint.allow_group_write,
                                                   cfg.checkpoint.strict_permissions))
-    if got.task != task.name:
+    if got.task != cfg.task.name:
         raise ConfigError(f"{req.checkpoint} holds a {got.task!r} model, but the config's "
-                          f"task is {task.name!r}")
+                          f"task is {cfg.task.name!r}")
     # The file stands for the training data too, where a task's checks compare with it
     # (the click tables): the model's own sizes are checked by fit_error instead.
     data = dataclasses.replace(cfg.data, path=str(req.file.parent),
                                train_file=req.file.name, val_file=req.file.name)
     cfg = dataclasses.replace(cfg, data=data)
-    if task.name == "image":  # the file's labels are checked against the model's outputs
-        cfg = image.with_num_classes(cfg, int(got.spec["num_classes"]))
+    classes = model_classes(got)
+    if classes is not None and cfg.own_section()[0] == "image":
+        cfg = image.with_num_classes(cfg, classes)  # the labels are checked against these
     if not req.file.is_file():
         raise ConfigError(f"{req.file}: no such file")
     reader = setup.validation_reader(cfg, task, req.file, rank, size, eval_batch(cfg, size))
-    why = fit_error(task.name, got.spec, reader, req.file)
+    why = fit_error(got.task, got.spec, reader, req.file)
     if why:
         raise ConfigError(why)
     model = got.model.to(device)

@@ -20,16 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from hpcdp import config as cfgmod
 from hpcdp.config import Config
 from hpcdp.data.staging import collective as staging
-from hpcdp.runtime import dist, watchdog
-from hpcdp.runtime.preempt import Preemption, after_stop
+from hpcdp.runtime import dist
+from hpcdp.runtime.preempt import after_stop
 from hpcdp.tasks import Task
-from hpcdp.train import setup, traffic
-from hpcdp.train.checkpoints import CheckpointManager, TrainState
+from hpcdp.train import setup, startup, traffic
+from hpcdp.train.checkpoints import CheckpointManager, TrainState, of_run
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
 from hpcdp.train.numerics import count_parameters
@@ -52,18 +50,11 @@ class Outcome:
 
 def train(cfg: Config, task: Task) -> int:
     """One run on this rank; returns the process exit code."""
-    preempt = None
-    if cfg.preempt.enabled and cfg.preempt.signals:
-        preempt = Preemption(cfg.preempt.signals, cfg.preempt.check_every).install()
-    dist.init(cfg.horovod, cfg.run_dir,
-              on_gpu=dist.wants_gpu(cfg.run.device, torch.cuda.is_available()),
-              cpu_bind=cfg.run.cpu_bind)
-    setup_logging(None, dist.rank() == 0)
-    watchdog.start(cfg.run, dist.rank(), dist.size(), cfg.run_dir, lambda: dist.abort_job(1))
+    preempt = startup.begin(cfg)  # signal handlers, Horovod, logging, the watchdog
     with dist.abort_on_error():
         run = start(cfg, task)
-        ckpts = CheckpointManager(cfg, run.root)
-        state, resumed_from = ckpts.resume(run)                 # collective: hpcdp.resume
+        ckpts = CheckpointManager(run.cfg, run.root)  # the config as filled from the data
+        state, resumed_from = ckpts.resume(of_run(run))         # collective: hpcdp.resume
         dist.broadcast_start(run.model, run.optimizers)         # collective: parameters
         rep = open_outputs(run, state, resumed_from)
         hooks = Hooks(cfg, run.rank, cfg.run_dir)
@@ -85,18 +76,8 @@ def train(cfg: Config, task: Task) -> int:
 def start(cfg: Config, task: Task) -> setup.Run:
     """Device, identity, placement check, local set-up; every rank agrees it worked."""
     rank, size = dist.rank(), dist.size()
-    error: str | None = None
     run: setup.Run | None = None
-    try:
-        device = dist.pin_device(cfg.run.device)
-    except dist.AgreedError as e:
-        device, error = torch.device("cpu"), str(e)
-    dist.print_identity(device)
-    crowded = dist.oversubscription()
-    if crowded and rank == 0:
-        log.warning(crowded)
-    placed = dist.placement_error(device)  # every rank, also one whose pinning failed
-    error = error or placed                                    # collective: hpcdp.runtime.placement
+    device, error = startup.place(cfg)                         # collective: hpcdp.runtime.placement
     read_cfg = staging.stage(cfg, error is not None)           # collective: hpcdp.stage.*
     if error is None:
         try:
@@ -220,7 +201,7 @@ def resume_window(sums: MetricSums, saved: dict[str, Any] | None) -> None:
 
 def save(ckpts: CheckpointManager, run: setup.Run, state: TrainState, rep: Reporter,
          sums: MetricSums) -> None:
-    path, note = ckpts.save(run, state, sums.state_dict())
+    path, note = ckpts.save(of_run(run), state, sums.state_dict())
     if note:
         log.warning(note)
     rep.info(f"checkpoint written: {path}")

@@ -34,6 +34,11 @@ log = logging.getLogger("hpcdp.train")
 _KEEP_OPEN: list[TrainingReader | ValidationReader] = []
 
 
+def keep_open(*readers: TrainingReader | ValidationReader) -> None:
+    """Keep `readers` open until the process ends (closed by exit, not by h5py)."""
+    _KEEP_OPEN.extend(readers)
+
+
 @dataclass
 class Run:
     """What every rank built before training: the parts the loop, step and checkpoints use."""
@@ -160,7 +165,7 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     accum = cfg.horovod.backward_passes_per_step
     if task.readers is not None:  # the task reads its own format (the LM: token windows)
         train_reader, val_reader = task.readers(cfg, rank, size, batch, device)
-        _KEEP_OPEN.extend((train_reader, val_reader))
+        keep_open(train_reader, val_reader)
         check_accumulation(train_reader, cfg.data.train_file, accum)
         return train_reader, val_reader, batch
     root = Path(cfg.data.path)
@@ -175,7 +180,7 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     if task.sample_keys(cfg):  # batches also carry (epoch, sample index): keyed augmentation
         train_reader = SampleKeys(train_reader)
     val_reader = validation_reader(cfg, task, val_path, rank, size, batch)
-    _KEEP_OPEN.extend((train_reader, val_reader))  # closed by process exit, not by h5py
+    keep_open(train_reader, val_reader)
     check_accumulation(train_reader, train_path, accum)
     if tuple(val_reader.sample_shape) != tuple(info.sample_shape):
         raise ConfigError(f"{val_path}: samples shaped {tuple(val_reader.sample_shape)}, but "
@@ -186,11 +191,12 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
 def from_data(cfg: Config, task: Task) -> Config:
     """The config with what it leaves to the data (the task's `from_data`: image.num_classes
     = "auto") read from the training file, whose layout and dtypes are checked first."""
-    if task.from_data is None or task.readers is not None:
+    if task.from_data is None:
         return cfg
     path, wanted = Path(cfg.data.path) / cfg.data.train_file, list(task.datasets(cfg))
-    checked_layout(path, [d.name for d in wanted])
-    check_kinds(path, wanted)
+    if task.readers is None:  # a task with its own readers checks its format itself
+        checked_layout(path, [d.name for d in wanted])
+        check_kinds(path, wanted)
     return task.from_data(cfg, path)
 
 
@@ -228,13 +234,29 @@ def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
           device: torch.device) -> torch.nn.Module:
     """The task's model on `device`, the same initial weights everywhere (broadcast anyway)."""
     torch.manual_seed(cfg.run.seed)
-    net = task.build_model(cfg, sample_shape)
+    net = built_model(cfg, task, sample_shape)
     if cfg.model.sync_bn and device.type == "cuda":
         from hpcdp.models.vision import convert_sync_batchnorm
         from hpcdp.runtime import dist
 
         net = convert_sync_batchnorm(net, dist.sync_batchnorm_class())
     return net.to(device)
+
+
+def built_model(cfg: Config, task: Task, sample_shape: tuple[int, ...]) -> torch.nn.Module:
+    """`task.build_model(cfg, sample_shape)`, which must give a torch.nn.Module; any other
+    failure of a task's builder (a user's code) is a ConfigError naming the task."""
+    try:
+        net = task.build_model(cfg, sample_shape)
+    except ValueError:
+        raise  # the task's own message about its config (ConfigError among them)
+    except Exception as e:  # noqa: BLE001 - a user's builder may raise anything
+        raise ConfigError(f"task.name={cfg.task.name!r}: its build_model failed for model "
+                          f"{cfg.model.name!r}: {type(e).__name__}: {e}") from None
+    if not isinstance(net, torch.nn.Module):
+        raise ConfigError(f"task.name={cfg.task.name!r}: its build_model returned a "
+                          f"{type(net).__name__}, not a torch.nn.Module")
+    return net
 
 
 def bucket_bytes(cfg: Config, device: torch.device) -> int:

@@ -4,7 +4,8 @@ The checkpoint is read with the resume rules (hpcdp.train.checkpoint_files): who
 could have written the file and its folder, the checksum, and a weights-only load
 that runs no code. The network is rebuilt from the checkpoint alone
 (hpcdp.models.spec: the vocabulary, tables and input channels come from the
-weights), so neither the training data nor its folder is needed.
+weights; any other model by its task's builder from the recorded config and sample
+shape, hpcdp.tasks.rebuild), so neither the training data nor its folder is needed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hpcdp import config as cfgmod
 from hpcdp import tasks
 from hpcdp.config import Config, ConfigError
 from hpcdp.models import spec as specs
+from hpcdp.tasks import rebuild
 from hpcdp.train import checkpoint_files as ckpt
 
 
@@ -29,7 +31,7 @@ class Trained:
 
     path: Path
     state: dict[str, Any]  # the decoded checkpoint (optimizer state and all)
-    spec: dict[str, Any]  # hpcdp.models.spec
+    spec: dict[str, Any]  # hpcdp.models.spec, or a builder entry (hpcdp.tasks.rebuild)
     model: torch.nn.Module  # on the CPU, in eval mode
 
     @property
@@ -76,8 +78,8 @@ def load(source: Path, trust: ckpt.Trust | None = None) -> Trained:
     weights = state.get("model")
     if not isinstance(weights, dict):
         raise ckpt.CheckpointError(f"{path}: holds no model state")
-    spec = specs.from_checkpoint(str(state.get("task", "image")), str(state.get("model_name")),
-                                 state.get("config") or {}, weights)
-    net = specs.build(spec)
+    spec = rebuild.describe(str(state.get("task", "image")), str(state.get("model_name")),
+                            state.get("config") or {}, weights, state.get("sample_shape"))
+    net = rebuild.build(spec)
     specs.load_weights(net, weights, str(path))
     return Trained(path, state, spec, net.eval())

@@ -21,29 +21,34 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY_MODULES = {"hpcdp.cli", "hpcdp.__main__", "hpcdp.doctor", "hpcdp.config_doc", "hpcdp.train",
                  "hpcdp.train.command", "hpcdp.train.__main__"}
 #: The shared bottom: every layer may import these, and they import no layer.
-BASE_MODULES = {"hpcdp", "hpcdp.config", "hpcdp.cliargs", "hpcdp.files"}
+BASE_MODULES = {"hpcdp", "hpcdp.config", "hpcdp.cliargs", "hpcdp.files", "hpcdp.references"}
 
 #: Layer -> the layers it must not import (at module level or inside a function).
 FORBIDDEN: dict[str, set[str]] = {
-    "base": {"runtime", "optim", "data", "models", "tasks", "train", "cluster", "bench", "export",
-             "plan", "entry"},
-    "runtime": {"optim", "data", "models", "tasks", "train", "cluster", "bench", "export", "plan",
-                "entry"},
+    "base": {"runtime", "optim", "data", "models", "tasks", "train", "session", "cluster",
+             "bench", "export", "plan", "entry"},
+    "runtime": {"optim", "data", "models", "tasks", "train", "session", "cluster", "bench",
+                "export", "plan", "entry"},
     # Optimizers and their parameter groups: torch and the config only.
-    "optim": {"runtime", "data", "models", "tasks", "train", "cluster", "bench", "export", "plan",
-              "entry"},
-    "models": {"runtime", "optim", "data", "tasks", "train", "cluster", "bench", "export", "plan",
-               "entry"},
-    "data": {"models", "optim", "tasks", "train", "cluster", "bench", "export", "plan", "entry"},
-    "tasks": {"train", "cluster", "bench", "export", "plan", "entry"},
-    "train": {"cluster", "bench", "export", "plan", "entry"},
-    "cluster": {"data", "models", "optim", "train", "bench", "export", "plan", "entry"},
-    "bench": {"export", "plan", "entry"},
+    "optim": {"runtime", "data", "models", "tasks", "train", "session", "cluster", "bench",
+              "export", "plan", "entry"},
+    "models": {"runtime", "optim", "data", "tasks", "train", "session", "cluster", "bench",
+               "export", "plan", "entry"},
+    "data": {"models", "optim", "tasks", "train", "session", "cluster", "bench", "export",
+             "plan", "entry"},
+    "tasks": {"train", "session", "cluster", "bench", "export", "plan", "entry"},
+    "train": {"session", "cluster", "bench", "export", "plan", "entry"},
+    # A script's own loop (hpcdp.session): the trainer's parts, strung together for a loop
+    # the package does not own; the array's override set from cluster.sweep.
+    "session": {"bench", "export", "plan", "entry"},
+    "cluster": {"data", "models", "optim", "train", "session", "bench", "export", "plan",
+                "entry"},
+    "bench": {"session", "export", "plan", "entry"},
     # After training: a trained model read back, exported, sampled, scored (hpcdp.export.load
     # itself must stay free of Horovod, MPI and HDF5: tests/unit/test_export_load.py).
-    "export": {"cluster", "bench", "plan", "entry"},
+    "export": {"session", "cluster", "bench", "plan", "entry"},
     # The scaling planner: measures through the benchmarks' runner, predicts with a pure model.
-    "plan": {"export", "entry"},
+    "plan": {"session", "export", "entry"},
     "entry": set(),
 }
 #: Third-party packages that take seconds to import or need a working MPI stack.

@@ -158,7 +158,8 @@ def test_more_non_negative_keys(key: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["task.name=vision"], "task.name='vision': choose one of image, lm, recsys"),
+        (["task.name=vision"], "task.name='vision': choose one of image, lm, recsys; or a task "
+         "of your own as package.module:ATTR or path/to/file.py:ATTR"),
         (['preempt.signals=["KILL"]'],
          "preempt.signals: 'KILL' is not one of USR1, USR2, TERM, INT, HUP"),
         (["schedule.kind=step"], "schedule.kind='step' needs schedule.milestones (epochs)"),

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -66,7 +67,7 @@ LITERALS: dict[str, st.SearchStrategy[str]] = {
 # What each declared type accepts; everything else is a wrong type.
 ACCEPTS = {int: {"int"}, float: {"int", "float"}, bool: {"bool"}, str: {"str"},
            list[str]: {"list"}, list[float]: {"list"}, list[int]: {"list"},
-           int | str: {"int", "str"}}
+           int | str: {"int", "str"}, dict[str, Any]: {"table"}}
 
 
 @st.composite

@@ -230,9 +230,10 @@ def test_cli_options_come_from_the_signature(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out == render(**CASES["gpu_multi_node"])
     names = {a.lstrip("-").replace("-", "_") for a in argv if a.startswith("--")}
     names = {n.split("=")[0] for n in names}
-    # srun_options and container (--container-*): tests/unit/test_containers.py.
+    # srun_options and container (--container-*): tests/unit/test_containers.py; script:
+    # tests/unit/test_slurm_script.py.
     assert names == set(slurm.option_names()) - {"overrides", "signal", "ntasks_per_node",
-                                                 "srun_options", "container"}
+                                                 "srun_options", "container", "script"}
 
 
 def test_cli_refuses_unknown_and_invalid(capsys: pytest.CaptureFixture[str]) -> None:

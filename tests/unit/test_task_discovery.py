@@ -1,68 +1,114 @@
-"""Tasks are found by name and own their config section: a new workload is one new module.
+"""Tasks are found by name, by reference or as an installed package's, and own their section.
 
-The copy of hpcdp/tasks/image.py with only its task name changed lies in a temporary
-folder added to the hpcdp.tasks package's search path, so that no file of the tree
-changes and no other test sees the extra task. tests/parallel/test_new_task.py trains it.
+A user's task lies in a temporary folder outside the repository and is named the ways a
+user names it: `path/to/file.py:ATTR` (relative to the config file's folder, or to the
+working folder on the command line), `package.module:ATTR` (the folder on sys.path), or
+a name an installed package declares under the entry-point group `hpcdp.tasks` (a real
+distribution's metadata in a folder on sys.path). tests/parallel/test_user_task.py
+trains one; tests/parallel/test_bad_references.py runs the bad ones on 2 ranks.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import user_tasks
 
-import hpcdp.tasks
 from hpcdp import config as c
 from hpcdp import config_doc, tasks
 from hpcdp.config import ConfigError
 
-TASKS = Path(hpcdp.tasks.__file__).parent
-NEW = "imagecopy"
+FORMS = "or a task of your own as package.module:ATTR or path/to/file.py:ATTR"
 
 
-def copy_image_task(folder: Path, name: str) -> Path:
-    """hpcdp/tasks/image.py saved as `name`.py with only the task's name changed."""
-    source = (TASKS / "image.py").read_text()
-    assert source.count('name="image",') == 1
-    path = folder / f"{name}.py"
-    path.write_text(source.replace('name="image",', f'name="{name}",'))
-    return path
+def build(*overrides: str, path: Path | None = None) -> c.Config:
+    return c.build(path, ["data.path=d", *overrides])
 
 
-@pytest.fixture
-def new_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    copy_image_task(tmp_path, NEW)
-    monkeypatch.setattr(hpcdp.tasks, "__path__", [*hpcdp.tasks.__path__, str(tmp_path)])
-    yield NEW
-    sys.modules.pop(f"hpcdp.tasks.{NEW}", None)
-
-
-def build(*overrides: str) -> c.Config:
-    return c.build(None, ["data.path=d", *overrides])
-
-
-def refusal(*overrides: str) -> str:
+def refusal(*overrides: str, path: Path | None = None) -> str:
     with pytest.raises(ConfigError) as err:
-        build(*overrides)
+        build(*overrides, path=path)
     return str(err.value)
 
 
+@pytest.fixture
+def mytask(tmp_path: Path) -> str:
+    """The absolute reference of the user's task (tests/user_tasks.py) in tmp/own."""
+    return f"{user_tasks.write(tmp_path / 'own')}:TASK"
+
+
 def test_only_modules_exporting_their_task_are_tasks() -> None:
-    assert c.task_names() == ["image", "lm", "recsys"]  # not auc, not recsys_check
-    for not_a_task in ("auc", "recsys_check", "video", "__init__", "a.b", ""):
+    assert c.task_names() == ["image", "lm", "recsys"]  # not auc, not recsys_check, not rebuild
+    for not_a_task in ("auc", "recsys_check", "rebuild", "video", "__init__", "a.b", ""):
         assert refusal(f"task.name={not_a_task}") == (
-            f"task.name={not_a_task!r}: choose one of image, lm, recsys")
+            f"task.name={not_a_task!r}: choose one of image, lm, recsys; {FORMS}")
 
 
-def test_a_copy_of_the_image_task_is_found_by_name(new_task: str) -> None:
-    assert c.task_names() == ["image", NEW, "lm", "recsys"]
-    assert tasks.get(new_task).name == new_task
-    cfg = build(f"task.name={new_task}", "image.num_classes=4", "image.width=8")
-    assert (cfg.task.name, cfg.image.num_classes, cfg.image.width) == (new_task, 4, 8)
-    assert type(cfg.image).__module__ == f"hpcdp.tasks.{new_task}"
-    assert "[image]\nx_name = \"x\"" in c.dumps(cfg)
+def test_a_file_reference_is_found_and_recorded_absolute(mytask: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = build(f"task.name={mytask}", "image.num_classes=4", "image.width=8")
+    assert (cfg.task.name, cfg.model.name, cfg.image.width) == (mytask, "tiny_mlp", 8)
+    assert tasks.get(cfg.task.name).name == "mytask"
+    assert f'name = "{mytask}"' in c.dumps(cfg)
+    # In a config file: relative to the file's folder, whatever the working folder.
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "run.toml").write_text('[task]\nname = "../own/mytask.py:TASK"\n')
+    monkeypatch.chdir(conf.parent.parent)
+    assert build(path=conf / "run.toml").task.name == mytask
+    # On the command line: relative to the working folder.
+    monkeypatch.chdir(tmp_path)
+    assert build("task.name=own/mytask.py:TASK", path=conf / "run.toml").task.name == mytask
+    assert build("task.name=./own/../own/mytask.py:TASK").task.name == mytask
+
+
+def test_a_module_reference_and_an_installed_task(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    user_tasks.write(tmp_path / "lab" / "vision", "tasks.py")
+    (tmp_path / "lab" / "vision" / "__init__.py").write_text("")
+    dist = tmp_path / "lab" / "vision_tasks-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vision-tasks\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[hpcdp.tasks]\nmine = vision.tasks:TASK\n"
+                                           "lost = vision.tasks:GONE\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lab"))
+    try:
+        by_module = build("task.name=vision.tasks:TASK")
+        assert by_module.task.name == "vision.tasks:TASK" and by_module.model.name == "tiny_mlp"
+        installed = build("task.name=mine")
+        assert installed.task.name == "mine" and tasks.get("mine") is tasks.get(
+            "vision.tasks:TASK")
+        assert refusal("task.name=lost") == ("task.name='lost': module 'vision.tasks' has no "
+                                             "attribute 'GONE'")
+        assert refusal("task.name=other") == ("task.name='other': choose one of image, lm, "
+                                              f"recsys (installed: lost, mine); {FORMS}")
+        # The generated reference lists hpcdp's own tasks only: the same on every machine.
+        assert "one of image, lm, recsys." in config_doc.reference()
+    finally:
+        sys.modules.pop("vision.tasks", None)
+        sys.modules.pop("vision", None)
+
+
+def test_bad_references_name_the_module_or_file(tmp_path: Path) -> None:
+    broken = user_tasks.write(tmp_path, "broken.py", user_tasks.BROKEN)
+    failing = user_tasks.write(tmp_path, "failing.py", user_tasks.FAILS_ON_IMPORT)
+    table = [
+        ("no_such_pkg.tasks:TASK", "module 'no_such_pkg.tasks' cannot be imported: "
+         "ModuleNotFoundError: No module named 'no_such_pkg'"),
+        (f"{tmp_path}/nope.py:TASK", f"file {tmp_path}/nope.py does not exist"),
+        (f"{broken}:TASKK", f"file {broken} has no attribute 'TASKK' (did you mean 'TASK'?)"),
+        (f"{broken}:build", f"build in file {broken} is a function, not a hpcdp.tasks.Task"),
+        (f"{failing}:TASK", f"file {failing} cannot be imported: ZeroDivisionError: division "
+         "by zero"),
+        ("hpcdp.tasks.image:MODELS", "MODELS in module 'hpcdp.tasks.image' is a dict, not a "
+         "hpcdp.tasks.Task"),
+        ("image:", "not a reference; write package.module:ATTR or path/to/file.py:ATTR"),
+        ("a-b:TASK", "not a reference; write package.module:ATTR or path/to/file.py:ATTR"),
+    ]
+    for reference, message in table:
+        assert refusal(f"task.name={reference}") == f"task.name={reference!r}: {message}"
 
 
 @pytest.mark.parametrize("overrides", [
@@ -70,20 +116,72 @@ def test_a_copy_of_the_image_task_is_found_by_name(new_task: str) -> None:
     ("image.widht=2",), ("image.width=2.5",), ("data.x_name=a",), ("model.num_classes=3",),
     ("lm.layers=2",), ("recsys.embed_dim=4",),
 ])
-def test_the_copy_refuses_what_the_image_task_refuses(new_task: str,
-                                                      overrides: tuple[str, ...]) -> None:
+def test_a_users_task_refuses_what_the_image_task_refuses(mytask: str,
+                                                         overrides: tuple[str, ...]) -> None:
     message = refusal(*overrides)
-    assert refusal(f"task.name={new_task}", *overrides) == message.replace(
-        "task is 'image'", f"task is {new_task!r}")
+    assert refusal(f"task.name={mytask}", *overrides) == message.replace(
+        "task is 'image'", f"task is {mytask!r}")
 
 
 @pytest.mark.parametrize("overrides", [
     ("image.num_classes=1",), ("image.width=0", "image.cifar_stem=true"), ("image.std=0.5",),
 ])
-def test_the_copy_accepts_what_the_image_task_accepts(new_task: str,
-                                                      overrides: tuple[str, ...]) -> None:
-    image, copy = build(*overrides), build(f"task.name={new_task}", *overrides)
-    assert copy.to_dict()["image"] == image.to_dict()["image"]
+def test_a_users_task_accepts_what_the_image_task_accepts(mytask: str,
+                                                         overrides: tuple[str, ...]) -> None:
+    image, own = build(*overrides), build(f"task.name={mytask}", *overrides)
+    assert own.to_dict()["image"] == image.to_dict()["image"]
+
+
+OWN_SECTION = '''\
+from dataclasses import dataclass, replace
+
+from hpcdp.config import ConfigError, TaskSection
+from hpcdp.tasks import image
+
+
+@dataclass
+class WaveConfig:
+    """My task's own section."""
+
+    bands: int = 4  # frequency bands
+    window: str = "hann"  # hann | flat
+
+
+def check(cfg):
+    if cfg.wave.bands < 1:
+        raise ConfigError("wave.bands must be at least 1")
+
+
+TASK = replace(image.TASK, name="wave", defaults={"wave": {"bands": 8}},
+               section=TaskSection("wave", WaveConfig, check, {"window": ("hann", "flat")}))
+'''
+
+
+def test_a_users_own_section_is_checked_like_a_built_in_one(tmp_path: Path) -> None:
+    ref = f"{user_tasks.write(tmp_path, 'wave.py', OWN_SECTION)}:TASK"
+    cfg = build(f"task.name={ref}")
+    assert (cfg.wave.bands, cfg.wave.window) == (8, "hann")  # its defaults apply
+    assert "[wave]\nbands = 8" in c.dumps(cfg)
+    assert refusal(f"task.name={ref}", "wave.band=2").startswith(
+        "unknown key 'wave.band' in override 'wave.band=2' (did you mean 'wave.bands'?)")
+    assert refusal(f"task.name={ref}", "wave.bands=2.5") == (
+        "wave.bands: expected int, got float 2.5")
+    assert refusal(f"task.name={ref}", "wave.window=box") == (
+        "wave.window='box': choose one of hann, flat")
+    assert refusal(f"task.name={ref}", "wave.bands=0") == "wave.bands must be at least 1"
+    assert refusal(f"task.name={ref}", "image.width=2") == (
+        "image.width in override 'image.width=2': [image] is the section of task 'image', "
+        f"and this config's task is {ref!r} (task.name)")
+
+
+def test_a_recorded_config_is_rebuilt_without_its_paths(mytask: str) -> None:
+    cfg = build(f"task.name={mytask}", "image.num_classes=4", "data.path=/nowhere/at/all")
+    again = c.from_record(cfg.to_dict(), "a record")
+    assert again.to_dict() == cfg.to_dict()
+    record = cfg.to_dict()
+    record["image"]["widht"] = 3
+    with pytest.raises(ConfigError, match="did you mean 'image.width'"):
+        c.from_record(record, "a record")
 
 
 def test_a_section_of_another_task_names_its_task() -> None:
@@ -105,7 +203,6 @@ def test_a_hand_made_config_reads_its_tasks_section() -> None:
         cfg.lm  # noqa: B018
 
 
-def test_the_reference_lists_every_tasks_section_once(new_task: str) -> None:
+def test_the_reference_lists_every_tasks_section_once() -> None:
     text = config_doc.reference()
     assert text.count("## [image]") == 1 and "## [lm]" in text and "## [recsys]" in text
-    assert "one of image, imagecopy, lm, recsys." in text
