@@ -52,7 +52,7 @@ test-stock: setup
 	  $(STOCK_VENV)/bin/python -m pytest -ra $(PYTEST_ARGS) $(STOCK_TESTS)
 
 lint:
-	$(VENV)/bin/ruff check hpcdp tests datasets slurm
+	$(VENV)/bin/ruff check hpcdp tests datasets slurm examples scripts
 
 ## Prepare the bundled digits data with 2 ranks and train on it with horovodrun -np 2.
 demo: setup
