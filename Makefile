@@ -38,14 +38,16 @@ test-slurm: setup
 
 ## Stock Horovod 0.28.1 (only the C++17 fix) in $(STOCK_VENV), and the tests that show hpcdp
 ## runs alike on it: the collectives against reference results, a job mixing it with the
-## patched build stopping at start, 1 vs 2 ranks, bitwise resume, preemption, a stall.
+## patched build stopping at start, 1 vs 2 ranks, bitwise resume, preemption, a stall,
+## and the compressions built on plain collectives (PowerSGD, bf16).
 STOCK_VENV ?= .venv-stock
 STOCK_TESTS := tests/parallel/test_horovod.py tests/parallel/test_build_guard.py \
 	tests/parallel/test_runtime_settings_parallel.py \
 	tests/parallel/test_train.py::test_two_ranks_equal_one_rank_with_twice_the_batch \
 	tests/parallel/test_train.py::test_signal_checkpoint_resume_is_bitwise_identical \
 	tests/parallel/test_one_rank_step.py::test_one_rank_preemption_is_lagged_and_resumes_bitwise \
-	tests/parallel/test_stalls_parallel.py::test_stalled_rank_is_named_and_the_job_ends
+	tests/parallel/test_stalls_parallel.py::test_stalled_rank_is_named_and_the_job_ends \
+	tests/parallel/test_powersgd_ranks.py tests/parallel/test_bf16_compression.py
 test-stock: setup
 	VENV=$(STOCK_VENV) HPCDP_HOROVOD=stock bash scripts/setup-python.sh
 	PATH=$(abspath $(STOCK_VENV))/bin:$$PATH HPCDP_OTHER_PYTHON=$(abspath $(PY)) \
