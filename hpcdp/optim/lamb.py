@@ -17,18 +17,22 @@ gradient; the step count and both moments are the optimizer's state (checkpointe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from hpcdp.optim.layerwise import Layerwise
 
-class LAMB(torch.optim.Optimizer):
+
+class LAMB(Layerwise):
     """Layer-wise adaptive moments for large batches (see the module doc).
 
     Every hyperparameter has a default and lives in the parameter groups: Horovod's
     and hpcdp's distributed wrappers rebuild the optimizer from its groups alone.
     """
+
+    name = "LAMB"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
@@ -39,23 +43,7 @@ class LAMB(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
                                   "weight_decay": weight_decay, "adapt": adapt})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
-
-    def _update(self, p: torch.Tensor, group: dict) -> None:
-        g = p.grad
-        if g.is_sparse:
-            raise RuntimeError("LAMB takes dense gradients only (a sparse embedding table "
-                               "belongs to the task's sparse optimizer)")
+    def _update(self, p: torch.Tensor, g: torch.Tensor, group: dict) -> None:
         state = self.state[p]
         if not state:
             state["step"] = 0

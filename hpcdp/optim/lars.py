@@ -16,18 +16,22 @@ GPU), computed from the averaged gradient: every rank takes the same step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from hpcdp.optim.layerwise import Layerwise
 
-class LARS(torch.optim.Optimizer):
+
+class LARS(Layerwise):
     """Layer-wise adaptive rate scaling over momentum SGD (see the module doc).
 
     Every hyperparameter has a default and lives in the parameter groups: Horovod's
     and hpcdp's distributed wrappers rebuild the optimizer from its groups alone.
     """
+
+    name = "LARS"
 
     def __init__(self, params: Iterable[Any], lr: float = 0.1, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001,
@@ -39,23 +43,7 @@ class LARS(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                                   "trust_coefficient": trust_coefficient, "adapt": adapt})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
-
-    def _update(self, p: torch.Tensor, group: dict) -> None:
-        g = p.grad
-        if g.is_sparse:
-            raise RuntimeError("LARS takes dense gradients only (a sparse embedding table "
-                               "belongs to the task's sparse optimizer)")
+    def _update(self, p: torch.Tensor, g: torch.Tensor, group: dict) -> None:
         lr, wd = group["lr"], group["weight_decay"]
         if group["adapt"]:
             w_norm = torch.linalg.vector_norm(p)
