@@ -76,34 +76,42 @@ def installed_names() -> list[str]:
     return sorted({point.name for point in importlib.metadata.entry_points(group=GROUP)})
 
 
-def _import_file(reference: str, path: str) -> ModuleType:
-    """The module of a file, imported once per process under a name made from its path."""
+def import_target(shown: str, target: str, key: str = "task.name",
+                  error: type[ValueError] = TaskReferenceError) -> tuple[ModuleType, str]:
+    """(the module or file `target` names, imported; "module 'x'" or "file /p.py").
+
+    Shared by task references and network builders (hpcdp.models.named): `key` and
+    `error` are the config key and the exception each names a failure with. A file is
+    imported once per process, under a name made from its path.
+    """
+    if is_file(target):
+        return _import_file(shown, target, key, error), f"file {target}"
+    try:
+        return importlib.import_module(target), f"module {target!r}"
+    except Exception as e:  # noqa: BLE001 - a missing module, or the module's own error
+        raise error(f"{key}={shown!r}: module {target!r} cannot be imported: "
+                    f"{type(e).__name__}: {e}") from None
+
+
+def _import_file(shown: str, path: str, key: str, error: type[ValueError]) -> ModuleType:
     if not os.path.isfile(path):
-        raise TaskReferenceError(f"task.name={reference!r}: file {path} does not exist")
+        raise error(f"{key}={shown!r}: file {path} does not exist")
     digest = hashlib.sha256(path.encode()).hexdigest()[:12]
-    name = f"_hpcdp_task_{Path(path).stem}_{digest}"
+    name = f"_hpcdp_ref_{Path(path).stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise TaskReferenceError(f"task.name={reference!r}: file {path} is not a Python module")
+        raise error(f"{key}={shown!r}: file {path} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and type hints look their module up here
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the user's module's own error, named
         del sys.modules[name]
-        raise TaskReferenceError(f"task.name={reference!r}: file {path} cannot be imported: "
-                                 f"{type(e).__name__}: {e}") from None
+        raise error(f"{key}={shown!r}: file {path} cannot be imported: "
+                    f"{type(e).__name__}: {e}") from None
     return module
-
-
-def _import_module(reference: str, target: str) -> ModuleType:
-    try:
-        return importlib.import_module(target)
-    except Exception as e:
-        raise TaskReferenceError(f"task.name={reference!r}: module {target!r} cannot be "
-                                 f"imported: {type(e).__name__}: {e}") from None
 
 
 def resolve(reference: str, shown: str | None = None) -> tuple[Any, str]:
@@ -113,10 +121,7 @@ def resolve(reference: str, shown: str | None = None) -> tuple[Any, str]:
     """
     shown = shown or reference
     target, attr = split(reference)
-    if is_file(target):
-        module, where = _import_file(shown, target), f"file {target}"
-    else:
-        module, where = _import_module(shown, target), f"module {target!r}"
+    module, where = import_target(shown, target)
     if not hasattr(module, attr):
         public = [n for n in vars(module) if not n.startswith("_")]
         near = difflib.get_close_matches(attr, public, n=1)

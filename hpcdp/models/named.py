@@ -21,20 +21,16 @@ collective (the network is built in each rank's set-up).
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from hpcdp import references
 from hpcdp.config import LIBRARIES, ConfigError
 from hpcdp.models import libraries
 
@@ -71,15 +67,11 @@ def parse(name: str) -> Named | None:
         return Named(prefix, rest)
     target, _, attr = name.rpartition(":")
     dotted = all(part.isidentifier() for part in target.split("."))
-    if not attr.isidentifier() or not (is_file(target) or dotted):
+    if not attr.isidentifier() or not (references.is_file(target) or dotted):
         raise ModelError(f"model.name={name!r}: not a network name; write torchvision:<name>, "
                          "timm:<name>, transformers:<ConfigClass>, package.module:callable or "
                          "path/to/file.py:callable")
     return Named("builder", target, attr)
-
-
-def is_file(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or os.sep in target
 
 
 def kinds(name: str) -> str | None:
@@ -175,39 +167,10 @@ def _timm(name: str, target: str, kwargs: Mapping[str, Any], sample_shape: tuple
                  in_chans=sample_shape[0], **kwargs)
 
 
-def _import_file(name: str, path: str) -> Any:
-    """The module of a builder's file, imported once per process under a name from its path."""
-    if not os.path.isfile(path):
-        raise ModelError(f"model.name={name!r}: file {path} does not exist")
-    key = f"_hpcdp_model_{Path(path).stem}_{hashlib.sha256(path.encode()).hexdigest()[:12]}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, path)
-    if spec is None or spec.loader is None:
-        raise ModelError(f"model.name={name!r}: file {path} is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's module's own error, named
-        del sys.modules[key]
-        raise ModelError(f"model.name={name!r}: file {path} cannot be imported: "
-                         f"{type(e).__name__}: {e}") from None
-    return module
-
-
 def builder_of(name: str, named: Named) -> Callable[..., Any]:
     """The callable a builder reference names, its module or file imported."""
     libraries.prepare_for_user_code()
-    if is_file(named.target):
-        module, where = _import_file(name, named.target), f"file {named.target}"
-    else:
-        where = f"module {named.target!r}"
-        try:
-            module = importlib.import_module(named.target)
-        except Exception as e:  # noqa: BLE001 - a missing module, or its own error
-            raise ModelError(f"model.name={name!r}: {where} cannot be imported: "
-                             f"{type(e).__name__}: {e}") from None
+    module, where = references.import_target(name, named.target, "model.name", ModelError)
     found = getattr(module, named.attr, None)
     if found is None:
         public = [n for n in vars(module) if not n.startswith("_")]
