@@ -52,6 +52,36 @@ def plan(sizes: Sequence[int], bucket_elems: int) -> list[range]:
     return runs
 
 
+class SyncOnStep:
+    """The step of every averaging wrapper here (buckets, PowerSGD): `synchronize()`
+    first, unless the caller already did inside `skip_synchronize()`. Mixed in by
+    `subclass_of`; the mixing class sets `_skip_sync = False` in its __init__."""
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """`step()` inside this block does not synchronize (the caller already did)."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
+    def step(self, closure: Any = None) -> Any:
+        if not self._skip_sync:
+            self.synchronize()
+        return super(self.__class__, self).step(closure)  # type: ignore[misc]
+
+
+def subclass_of(optimizer: torch.optim.Optimizer, *mixins: type) -> type:
+    """A subclass of `optimizer`'s class, under its name, with the mixins' methods copied
+    in (a later mixin's win): the wrapped optimizer's own step stays its base's."""
+    methods: dict[str, Any] = {}
+    for mixin in mixins:
+        methods.update({k: v for k, v in vars(mixin).items()
+                        if k not in ("__dict__", "__weakref__")})
+    return type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+
+
 class _Bucketed:
     """Methods mixed into a subclass of the wrapped optimizer's class (see `bucketed`)."""
 
@@ -210,20 +240,6 @@ class _Bucketed:
 
         return result
 
-    @contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """`step()` inside this block does not synchronize (the caller already did)."""
-        self._skip_sync = True
-        try:
-            yield
-        finally:
-            self._skip_sync = False
-
-    def step(self, closure: Any = None) -> Any:
-        if not self._skip_sync:
-            self.synchronize()
-        return super(self.__class__, self).step(closure)  # type: ignore[misc]
-
     @property
     def buckets(self) -> list[tuple[int, int]]:
         """Each bucket's [start, stop) in elements of the flat buffer (for tests and logs)."""
@@ -243,8 +259,7 @@ def bucketed(optimizer: torch.optim.Optimizer, bucket_bytes: int,
         raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
-    methods = {k: v for k, v in vars(_Bucketed).items() if k not in ("__dict__", "__weakref__")}
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    cls = subclass_of(optimizer, SyncOnStep, _Bucketed)
     return cls(optimizer.param_groups, bucket_bytes, backward_passes_per_step,  # type: ignore[call-arg]
                gradient_predivide_factor, bf16)
 

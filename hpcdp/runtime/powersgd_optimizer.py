@@ -19,12 +19,11 @@ uncompressed paths compute it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from hpcdp.runtime import grad_buckets
 from hpcdp.runtime.powersgd import Codec
 
 
@@ -110,20 +109,6 @@ class _PowerSGD:
     def load_compression_state(self, state: dict[str, Any], residuals: bool) -> str | None:
         return self.codec.load_state_dict(state, residuals)
 
-    @contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """`step()` inside this block does not synchronize (the caller already did)."""
-        self._skip_sync = True
-        try:
-            yield
-        finally:
-            self._skip_sync = False
-
-    def step(self, closure: Any = None) -> Any:
-        if not self._skip_sync:
-            self.synchronize()
-        return super(self.__class__, self).step(closure)  # type: ignore[misc]
-
 
 def compressed(optimizer: torch.optim.Optimizer, rank: int, warmup_steps: int,
                min_elements: int, seed: int = 0) -> torch.optim.Optimizer:
@@ -133,6 +118,5 @@ def compressed(optimizer: torch.optim.Optimizer, rank: int, warmup_steps: int,
     buffer (several dtypes or devices)."""
     if warmup_steps < 0:
         raise ValueError(f"warm-up steps must not be negative, got {warmup_steps}")
-    methods = {k: v for k, v in vars(_PowerSGD).items() if k not in ("__dict__", "__weakref__")}
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    cls = grad_buckets.subclass_of(optimizer, grad_buckets.SyncOnStep, _PowerSGD)
     return cls(optimizer.param_groups, rank, warmup_steps, min_elements, seed)  # type: ignore[call-arg]
