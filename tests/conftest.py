@@ -39,6 +39,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     os.environ.setdefault("OMPI_MCA_pml", TEST_PML)
 
 
+SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (make test runs two workers), every Slurm test goes to one
+    worker: the local cluster listens on fixed ports, so only one may run at a time."""
+    group = pytest.mark.xdist_group("slurm")
+    for item in items:
+        if SLURM_TESTS in Path(item.fspath).parents:
+            item.add_marker(group)
+
+
 def ranks_in(cwd: Path) -> RanksFn:
     """The `ranks` runner with its ranks started in `cwd` (see the `ranks` fixture)."""
 
