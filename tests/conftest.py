@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker: the local cluster listens on fixed ports, so only one may run at a time."""
     group = pytest.mark.xdist_group("slurm")
     for item in items:
-        if SLURM_TESTS in Path(item.fspath).parents:
+        if SLURM_TESTS in item.path.parents:
             item.add_marker(group)
 
 
