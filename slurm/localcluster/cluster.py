@@ -99,6 +99,8 @@ def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
         f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
         # One TmpFS per node: two slurmd on one host otherwise collide on PMIx's app dirs.
         f"TmpFS={root / 'tmp%n'}",
+        # One /tmp and /dev/shm per node for Open MPI too, as separate hosts have (prolog).
+        f"TaskProlog={root / 'etc' / 'task-prolog.sh'}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
     ]
@@ -113,6 +115,21 @@ def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
         "State=UP OverSubscribe=YES"
     )
     return "\n".join(lines) + "\n"
+
+
+def task_prolog(root: Path) -> str:
+    """The TaskProlog script: each node's tasks keep Open MPI's session files and shared
+    memory segments in that node's own folder.
+
+    The fake nodes share one host name, /tmp and /dev/shm, where real nodes each have
+    their own: there one job's files (the segments of a job step, named by its Slurm
+    job and step ids; the session folders that PMIx removes when a step ends) can be
+    touched by a job on the other node, which no real cluster does.
+    """
+    node_tmp = f"{root}/tmp$SLURMD_NODENAME"
+    return ("#!/bin/sh\n"
+            f'echo "export OMPI_MCA_orte_tmpdir_base={node_tmp}"\n'
+            f'echo "export OMPI_MCA_btl_vader_backing_directory={node_tmp}"\n')
 
 
 def _pid_files(root: Path) -> dict[str, Path]:
@@ -156,6 +173,9 @@ def _prepare(root: Path) -> None:
         dev = root / "dev" / f"gpu{i}"
         if not dev.exists():
             os.mknod(dev, 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
+    prolog = root / "etc" / "task-prolog.sh"
+    prolog.write_text(task_prolog(root))
+    prolog.chmod(0o755)
     ports = {n: _free_port() for n in NODES}
     (root / "etc" / "slurm.conf").write_text(slurm_conf(root, _free_port(), ports))
     last = GPUS_PER_NODE - 1
