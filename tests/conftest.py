@@ -44,7 +44,8 @@ SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (make test runs two workers), every Slurm test goes to one
-    worker: the local cluster listens on fixed ports, so only one may run at a time."""
+    worker, so one local cluster serves them all: a second cluster would number its jobs
+    from 1 as well, and a job's leftover ranks are found by SLURM_JOB_ID host-wide."""
     group = pytest.mark.xdist_group("slurm")
     for item in items:
         if SLURM_TESTS in item.path.parents:
