@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # make test runs its tests on two pytest-xdist workers: a multi-rank test spends much of
 # its time starting ranks and waiting, so one stream leaves a 2-core machine half idle.
-# The Slurm tests share one worker (tests/conftest.py). PYTEST_WORKERS=0 runs one stream.
+# The Slurm tests share one worker (tests/conftest.py, work_unit). PYTEST_WORKERS=0 runs one stream.
 PYTEST_WORKERS ?= 2
 
 export OMPI_ALLOW_RUN_AS_ROOT := 1
@@ -24,7 +24,7 @@ setup:
 ## The whole suite: lint, unit tests, multi-rank tests, the local Slurm cluster; all but the
 ## `extended` tier (tests marked so in pyproject.toml), which `make test-extended` runs.
 test: setup lint
-	$(PY) -m pytest tests -ra -m "not extended" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra -m "not extended" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 ## CI's second tier (.ci/run calls it after make test): costly runs that add little to
 ## make test's coverage, such as the compiled digits CNN and the 3-rank mpirun collectives.

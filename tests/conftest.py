@@ -39,17 +39,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     os.environ.setdefault("OMPI_MCA_pml", TEST_PML)
 
 
-SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
+#: The node id prefix of the tests that use the local Slurm cluster (ids are relative to
+#: the repository, pytest's rootdir).
+SLURM_PREFIX = "tests/slurm/"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (make test runs two workers), every Slurm test goes to one
-    worker, so one local cluster serves them all: a second cluster would number its jobs
-    from 1 as well, and a job's leftover ranks are found by SLURM_JOB_ID host-wide."""
-    group = pytest.mark.xdist_group("slurm")
-    for item in items:
-        if SLURM_TESTS in item.path.parents:
-            item.add_marker(group)
+def work_unit(nodeid: str) -> str:
+    """The pytest-xdist work unit a test belongs to: one unit for every Slurm test, so one
+    worker and one local cluster run them all (a second cluster would number its jobs from
+    1 as well, and a job's leftover ranks are found by SLURM_JOB_ID host-wide); each other
+    test is a unit of its own."""
+    return "slurm" if nodeid.startswith(SLURM_PREFIX) else nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """make test's scheduler under pytest-xdist: `work_unit` decides what shares a worker.
+    It is chosen here, by node id, rather than by `xdist_group` marks: pytest-xdist 3.8
+    groups marked tests by rewriting `item._nodeid`, which pytest 9.2's items no longer
+    read, so under `--dist loadgroup` the Slurm tests went to both workers."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SlurmTogether(config, log)
 
 
 def ranks_in(cwd: Path) -> RanksFn:
