@@ -1,8 +1,10 @@
 """`hpcdp bench prep --memory`: peak memory per rank of the text and image recipes at two
 input sizes, to show that a rank's memory does not grow with the input.
 
-The data is generated, never downloaded or committed: JSON Lines corpora
-(`hpcdp.data.prep.text.corpus_synth`) and folders of photo-sized JPEGs
+The data is made here, never downloaded or committed: JSON Lines corpora of real files
+(`hpcdp.bench.real_corpus`: the installed Python's own sources and docs, many shards of
+documents from bytes to megabytes; ``--corpus synth`` for generated documents of one
+size distribution, `hpcdp.data.prep.text.corpus_synth`) and folders of photo-sized JPEGs
 (`hpcdp.data.prep.images.photo_synth`). Each recipe runs on `--np` ranks under mpirun,
 every rank started through `measured`, which runs the recipe's script in-process and
 then records the process's own high-water mark of resident memory (``VmHWM``, what
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdp.bench import common
+from hpcdp.bench import common, real_corpus
 from hpcdp.data.prep.images import photo_synth
 from hpcdp.data.prep.text import corpus_synth
 from hpcdp.runtime.launcher import run_ranks
@@ -88,7 +90,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, list[str], int]]:
     out: list[tuple[str, str, list[str], int]] = []
     block = ["--block-mib", str(args.block_mib)]
     for mib in args.text_mib:
-        files = [str(args.work / f"text-{mib}" / "*.jsonl")]
+        files = [str(text_dir(args, mib) / "*.jsonl")]
         out.append(("text bytes", "text", ["--files", *files, *block], mib))
         if args.bpe:
             out.append(("text bpe", "text", ["--files", *files, *block, "--tokenizer", "bpe",
@@ -100,14 +102,25 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, list[str], int]]:
     return out
 
 
+def text_dir(args: argparse.Namespace, mib: int) -> Path:
+    """Where the corpus of `mib` MiB is kept (each kind of corpus in its own folder)."""
+    return args.work / (f"text-{mib}" if args.corpus == "synth" else f"text-real-{mib}")
+
+
+def make_text(args: argparse.Namespace, where: Path, mib: int) -> None:
+    if args.corpus == "real":
+        real_corpus.make_corpus(f"{where}.tmp", mib * MIB, shards=args.shards)
+    else:  # files of at least a block each, so both sizes read whole blocks
+        corpus_synth.make_corpus(f"{where}.tmp", mib * MIB,
+                                 files=max(1, int(mib // args.block_mib)))
+
+
 def make_inputs(args: argparse.Namespace) -> None:
     """The corpora and folders the cases read (kept in `work` between runs)."""
     for mib in args.text_mib:
-        where = args.work / f"text-{mib}"
+        where = text_dir(args, mib)
         if not where.is_dir():
-            # Files of at least a block each, so both sizes read whole blocks.
-            files = max(1, int(mib // args.block_mib))
-            corpus_synth.make_corpus(f"{where}.tmp", mib * MIB, files=files)
+            make_text(args, where, mib)
             os.replace(f"{where}.tmp", where)  # a complete corpus or none
             print(f"made {mib} MiB of JSON Lines in {where}", flush=True)
     for n in args.images:
@@ -139,6 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    default=[100, 500], help="JSON Lines sizes in MiB (default 100,500)")
     p.add_argument("--images", type=lambda s: [int(v) for v in s.split(",") if v],
                    default=[2000, 8000], help="photo-sized JPEG counts (default 2000,8000)")
+    p.add_argument("--corpus", choices=("real", "synth"), default="real",
+                   help="text: shards of the installed Python's own files (default), or "
+                        "generated documents")
+    p.add_argument("--shards", type=int, default=real_corpus.SHARDS,
+                   help="files of a real corpus, at every size (default 18)")
     p.add_argument("--bpe", action="store_true", help="also the text recipe with a BPE")
     p.add_argument("--bpe-sample-mib", type=int, default=32)
     p.add_argument("--block-mib", type=float, default=64)

@@ -10,15 +10,17 @@ the start. The blocks are numbered in corpus order, the same on any number of
 ranks, so documents numbered block by block are numbered the same everywhere.
 
 A block is read with plain reads of its own bytes (and through the end of its
-last line), never a map of the whole file, so a rank's memory is about one
-block whatever the file's size.
+last line), a window of `WINDOW_BYTES` at a time (`window_lines`), never a map of
+the whole file nor the whole block, so a rank's memory is about one window (and
+the longest line reaching past it) whatever the file's or the block's size: the
+block size sets only how much work a part holds.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,9 @@ from hpcdp.data.prep.text.writer import TokenPrepError
 
 #: Bytes per read while extending a block to its last line's end, or counting lines.
 READ_BYTES = 1 << 20
+#: Bytes of a line-shared block read at once: the lines that start in them, and the end of
+#: the last one, are all of the block a rank holds.
+WINDOW_BYTES = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,18 @@ def read_lines_of(path: str, start: int, end: int, limit: int) -> tuple[bytes, i
         return b"".join(more), base
 
 
+def window_lines(path: str, file: int, start: int, end: int, limit: int,
+                 window: int = WINDOW_BYTES) -> Iterator[tuple[bytes, Span, int]]:
+    """The non-empty lines starting in bytes ``[start, end)`` of `path`, as
+    (`read_lines_of`'s bytes, the line's span, their first offset), read `window` bytes
+    at a time: the lines of consecutive ranges are those of their union (`line_spans`)."""
+    for lo in range(start, end, max(1, window)):
+        hi = min(end, lo + max(1, window))
+        data, base = read_lines_of(path, lo, hi, limit)
+        for span in line_spans(data, file, lo - base, hi - base, base):
+            yield data, span, base
+
+
 def count_lines_before(path: str, offset: int) -> int:
     """Line ends in the first `offset` bytes of `path` (for an error's line number)."""
     count = 0
@@ -134,19 +151,17 @@ class Corpus:
                 data = fh.read(self.limits.record_bytes + 1)
             self.limits.check_record(len(data), f"{bounded.shown(path)} (the whole file is "
                                      "one document; --lines makes each line one)")
-            yield from _decoded(path, data, [Span(file, 0, len(data))], 0, None)
+            yield from _decoded(path, [(data, Span(file, 0, len(data)), 0)], None)
         else:
-            data, base = read_lines_of(path, block.start, block.end, self.limits.record_bytes)
-            spans = line_spans(data, file, block.start - base, block.end - base, base)
+            lines = window_lines(path, file, block.start, block.end, self.limits.record_bytes)
             if kind == dc.JSONL:
-                yield from self._records(path, data, spans, base)
+                yield from self._records(path, lines)
             else:
-                yield from _decoded(path, data, spans, base, self.limits)
+                yield from _decoded(path, lines, self.limits)
 
-    def _records(self, path: str, data: Any, spans: Sequence[Span], base: int
-                 ) -> Iterator[str]:
-        """The non-empty documents of JSON Lines `spans` (lines, in order) of one block."""
-        for span in spans:
+    def _records(self, path: str, lines: Iterable[tuple[bytes, Span, int]]) -> Iterator[str]:
+        """The non-empty documents of JSON Lines `lines` (`window_lines`) of one block."""
+        for data, span, base in lines:
             if span.stop - span.start > self.limits.record_bytes:
                 self.limits.check_record(span.stop - span.start, _line_of(path, span.start))
             raw = data[span.start - base : span.stop - base]
@@ -164,10 +179,11 @@ def _line_of(path: str, offset: int) -> str:
     return f"{bounded.shown(path)}: line {count_lines_before(path, offset) + 1}"
 
 
-def _decoded(path: str, data: Any, spans: Sequence[Span], base: int,
+def _decoded(path: str, lines: Iterable[tuple[bytes, Span, int]],
              limits: dc.Limits | None) -> Iterator[str]:
-    """Text spans as UTF-8; with `limits` (``--lines``), each line within the record limit."""
-    for span in spans:
+    """Text spans (`window_lines`) as UTF-8; with `limits` (``--lines``), each line within
+    the record limit."""
+    for data, span, base in lines:
         if limits is not None:
             limits.check_record(span.stop - span.start,
                                 f"{bounded.shown(path)}: byte offset {span.start}")

@@ -14,7 +14,6 @@ they were made with.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import subprocess
@@ -31,6 +30,9 @@ from hpcdp.data.format import tokens as tk
 DEFAULT_EOD = "<|endoftext|>"
 #: Documents encoded per call: the Rust side parallelises within a batch.
 ENCODE_BATCH = 1024
+#: Characters of documents encoded per call at most (a longer document alone): a batch's
+#: text and tokens are what a rank holds, so they are bounded by size, not only by count.
+ENCODE_CHARS = 1 << 20
 #: The size of the library's thread pool (rayon's), read once, when the pool first runs.
 THREADS_VAR = "RAYON_NUM_THREADS"
 
@@ -108,11 +110,27 @@ class Tokenizer:
         return (np.concatenate(pieces) if pieces else np.zeros(0, dtype)), lengths
 
     def encode_batches(self, texts: Iterable[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """`encode_flat` of `texts` taken `ENCODE_BATCH` at a time, so that a block's
+        """`encode_flat` of `texts` a `batches` batch at a time, so that a block's
         documents, and their tokens, are never all held: one batch's at a time."""
-        stream = iter(texts)
-        while batch := list(itertools.islice(stream, ENCODE_BATCH)):
+        for batch in batches(texts):
             yield self.encode_flat(batch)
+
+
+def batches(texts: Iterable[str], docs: int = ENCODE_BATCH, chars: int = ENCODE_CHARS
+            ) -> Iterator[list[str]]:
+    """`texts` in order, in lists of at most `docs` documents and, unless a document alone
+    is longer, `chars` characters: each document is encoded alone, so the cuts change
+    no token."""
+    batch: list[str] = []
+    held = 0
+    for text in texts:
+        if batch and (len(batch) == docs or held + len(text) > chars):
+            yield batch
+            batch, held = [], 0
+        batch.append(text)
+        held += len(text)
+    if batch:
+        yield batch
 
 
 def byte_level() -> Tokenizer:

@@ -30,8 +30,9 @@ from hpcdp.data.prep.frame import PrepError
 
 #: Tokens per write call at most: MPI-IO counts are 32-bit, and smaller calls bound staging.
 WRITE_TOKENS = 1 << 26
-#: Tokens of a block copied to a file at once (8 MiB of uint16).
-SLAB_TOKENS = 1 << 22
+#: Tokens of a block copied to a file at once (2 MiB of uint16): with the mapped part's
+#: pages and the kept copy, what a rank holds while writing, whatever the block's size.
+SLAB_TOKENS = 1 << 20
 
 
 class TokenPrepError(PrepError):
@@ -57,9 +58,9 @@ def _copy_kept(parts: Any, block: int, lengths: np.ndarray, keep: np.ndarray, ds
         if not keep[lo:hi].any():
             continue
         mapped = parts.load("docs", block)["tokens"]
-        chunk = np.asarray(mapped[ends[lo] - lengths[lo] : ends[hi - 1]])
+        kept = np.asarray(mapped[ends[lo] - lengths[lo] : ends[hi - 1]]
+                          [np.repeat(keep[lo:hi], lengths[lo:hi])])
         del mapped
-        kept = chunk[np.repeat(keep[lo:hi], lengths[lo:hi])]
         dset[start : start + len(kept)] = kept
         start += len(kept)
         top = max(top, int(kept.max()))
