@@ -56,7 +56,7 @@ from hpcdp.data.prep.clicks import criteo_blocks as cb
 from hpcdp.data.prep.clicks import criteo_schedule as cs
 from hpcdp.data.prep.clicks import criteo_vocab as cv
 from hpcdp.data.prep.frame import PrepError
-from hpcdp.data.prep.parts import Numbered, Parts
+from hpcdp.data.prep.parts import Numbered, Parts, fingerprint
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/criteo.py"
@@ -94,11 +94,12 @@ class Inputs:
     skip_bad: bool
 
     def fingerprint(self) -> dict[str, Any]:
-        """Every option that changes the parts or the files (not the number of ranks)."""
-        files = {s: [[os.path.realpath(p), os.path.getsize(p)] for p in paths]
-                 for s, paths in self.files.items()}
-        return {"files": files, **self.rule.describe(), "block_bytes": self.block_bytes,
-                "skip_bad": self.skip_bad}
+        """Every option that changes the parts or the files (not the number of ranks), and
+        the files of each split, in order, with their sizes and times."""
+        files = {s: [os.path.realpath(p) for p in paths] for s, paths in self.files.items()}
+        return fingerprint({"files": files, **self.rule.describe(),
+                            "block_bytes": self.block_bytes, "skip_bad": self.skip_bad},
+                           files=[p for paths in self.files.values() for p in paths])
 
 
 # -- reading --------------------------------------------------------------------------

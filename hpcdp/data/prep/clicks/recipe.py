@@ -38,7 +38,7 @@ from hpcdp.data.format import samples
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.clicks import synth as ck
-from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import Parts, fingerprint
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "hpcdp prep clicks"
@@ -187,7 +187,8 @@ def _check(args: argparse.Namespace, comm: Any) -> tuple[ck.ClickSpec, dict[str,
 def _write(args: argparse.Namespace, spec: ck.ClickSpec, splits: dict[str, int], comm: Any
            ) -> list[str]:
     world = ck.ClickWorld(spec).calibrate()
-    options = {"spec": spec.params(), "chunk_mib": args.chunk_mib, "block_mib": args.block_mib}
+    options = fingerprint(spec.params(),
+                          {"chunk_mib": args.chunk_mib, "block_mib": args.block_mib})
     with Parts(args.out, "clicks", options, comm, args.resume) as parts:
         return [write_split(args.out, world, name, n, comm, parts, int(args.chunk_mib * 2**20),
                             args.mpio == "collective", frame.block_bytes(args.block_mib))

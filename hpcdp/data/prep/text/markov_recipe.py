@@ -22,7 +22,7 @@ import numpy as np
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import items_per_block, plan_items, rank_blocks
-from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import Parts, fingerprint
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.markov import MarkovChain
@@ -58,11 +58,17 @@ def _chain(args: argparse.Namespace) -> MarkovChain:
         raise tw.TokenPrepError(f"--symbols/--successors/--end-prob: {exc}") from exc
 
 
+def _params(chain: MarkovChain, args: argparse.Namespace) -> dict[str, Any]:
+    """What the corpus is made from: the files' ``source_params``, and with the block size
+    what a resumed run must share with the run it continues."""
+    return {"symbols": chain.symbols, "successors": args.successors,
+            "end_prob": chain.end_prob, "seed": args.seed, "docs": args.docs,
+            "val_docs": args.val_docs}
+
+
 def _meta(chain: MarkovChain, args: argparse.Namespace, split: str, h: float
           ) -> tk.TokenMeta:
-    params = {"symbols": chain.symbols, "successors": args.successors,
-              "end_prob": chain.end_prob, "seed": args.seed, "docs": args.docs,
-              "val_docs": args.val_docs}
+    params = _params(chain, args)
     return tk.TokenMeta(vocab_size=chain.vocab_size, eod_id=chain.eod,
                         tokenizer=f"markov-{chain.symbols}",
                         tokenizer_sha256=_identity_sha(chain.symbols),
@@ -148,8 +154,9 @@ def _write(args: argparse.Namespace, chain: MarkovChain, comm: Any
     from them. The paths, and the chain's entropy rate."""
     h = mk.entropy_rate(chain)
     written = []
-    options = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite", "resume")}
-    with Parts(args.out, "markov", options, comm, args.resume) as parts:
+    made_from = fingerprint(_params(chain, args),
+                            {"block_bytes": frame.block_bytes(args.block_mib)})
+    with Parts(args.out, "markov", made_from, comm, args.resume) as parts:
         for split_id, (split, count) in enumerate((("train", args.docs),
                                                    ("val", args.val_docs))):
             meta = _meta(chain, args, split, h)
