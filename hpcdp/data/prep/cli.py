@@ -39,17 +39,7 @@ import numpy as np
 
 from hpcdp import __version__
 from hpcdp.cliargs import parse_args
-from hpcdp.data.format.samples import (  # noqa: F401  (re-exported for the recipes' callers)
-    CHUNK_BYTES,
-    MIN_CHUNKS,
-    SLAB_BYTES,
-    chunk_rows,
-    label_chunk_rows,
-    rank_rows,
-    rank_slabs,
-    slab_rows,
-    write_rounds,
-)
+from hpcdp.data.format.samples import CHUNK_BYTES, chunk_rows, label_chunk_rows, slab_rows
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
