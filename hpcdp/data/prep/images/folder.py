@@ -274,17 +274,3 @@ def _scan_one(root: str, val_fraction: float, seed: int,
         splits["train"] += _entries(train, i)
         splits["val"] += _entries(val, i)
     return splits, classes
-
-
-def byte_ranges(nbytes: Sequence[int], size: int) -> list[tuple[int, int]]:
-    """Each rank's contiguous range of files ``[lo, hi)``, cut where the running total of
-    bytes crosses ``r * total / size``: about equal bytes to decode per rank."""
-    ends = np.cumsum(np.asarray(nbytes, dtype=np.int64))
-    total = int(ends[-1]) if len(ends) else 0
-    starts = ends - np.asarray(nbytes, dtype=np.int64)
-    # File i goes to the rank whose share holds its first byte.
-    owner = (starts * size // max(1, total)).astype(np.int64) if total else np.zeros(
-        len(nbytes), np.int64)
-    cuts = np.searchsorted(owner, np.arange(size + 1), side="left")
-    cuts[-1] = len(nbytes)
-    return [(int(cuts[r]), int(cuts[r + 1])) for r in range(size)]
