@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hpcdp.data.format.image_decode import DecodeError, decode
 from hpcdp.data.prep.images import folder
-from hpcdp.data.prep.images.decode import DecodeError, decode
 from hpcdp.data.prep.images.recipe import main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ inside the root are followed; a folder reached a second time (a link to a class
 or to a folder already read, a loop) is skipped and counted, as is a broken link.
 A file with an image name that is not a regular file (a FIFO, a device) is kept
 as a sample here and refused by `decode`, unopened, like any undecodable file.
-Names are shown with non-UTF-8 bytes escaped (`decode.shown`).
+Names are shown with non-UTF-8 bytes escaped (`bounded.shown`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpcdp.data.format.image_decode import EXTENSIONS
+from hpcdp.data.prep.bounded import shown
 from hpcdp.data.prep.frame import PrepError
-from hpcdp.data.prep.images.decode import EXTENSIONS, shown
 
 #: Links leading outside the root named in the error at most (the count is always given).
 SHOW_OUTSIDE = 10

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcdp.cliargs import parse_args
+from hpcdp.data.format.image_decode import FITS, MAX_PIXELS
 from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.frame import (
@@ -44,7 +45,6 @@ from hpcdp.data.prep.frame import (
 )
 from hpcdp.data.prep.images import folder, shards
 from hpcdp.data.prep.images import write as iw
-from hpcdp.data.prep.images.decode import FITS, MAX_PIXELS
 from hpcdp.data.prep.images.stats import channel_stats
 from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.parts import fingerprint as made_from

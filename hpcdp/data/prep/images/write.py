@@ -24,8 +24,8 @@ import numpy as np
 
 from hpcdp import __version__
 from hpcdp.data.format import samples
+from hpcdp.data.format.image_decode import MAX_PIXELS, DecodeError, decode
 from hpcdp.data.prep.frame import write_parts
-from hpcdp.data.prep.images.decode import MAX_PIXELS, DecodeError, decode
 from hpcdp.data.prep.images.shards import Member
 from hpcdp.data.prep.images.stats import integer_sums
 
