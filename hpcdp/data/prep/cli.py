@@ -113,20 +113,10 @@ def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> dict[
     return dsets
 
 
-def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: range,
-                opts: WriteOptions, comm: Any) -> None:
-    """Collective: this rank's blocks of `source` as parts (those not done by an earlier
-    run), one block in memory at a time."""
-    frame.resume_note(comm, PROG, parts, source.name, mine)
-    bar = frame.Progress(comm, f"{source.name}: samples", source.num_samples, "samples", PROG)
-    for i in mine:
-        resumed = parts.done(source.name, i)
-        if not resumed:
-            xs, ys = source.slab(blocks[i].start, blocks[i].stop)
-            labels = {"y": ys} if opts.y_name and source.has_labels else {}
-            parts.save(source.name, i, x=xs, **labels)
-        bar.advance(len(blocks[i]), resumed)
-    bar.close()
+def read_block(source: src.Source, block: range, opts: WriteOptions) -> dict[str, np.ndarray]:
+    """A block's samples (and labels) as a part's arrays."""
+    xs, ys = source.slab(block.start, block.stop)
+    return {"x": xs, **({"y": ys} if opts.y_name and source.has_labels else {})}
 
 
 def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
@@ -139,7 +129,8 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
     blocks = plan_items(source.num_samples, items_per_block(
         source.sample_bytes, opts.block_bytes, source.num_samples, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
-    save_blocks(source, parts, blocks, mine, opts, comm)
+    frame.save_blocks(comm, PROG, parts, source.name, blocks, mine, "samples", "samples",
+                      lambda i: read_block(source, blocks[i], opts))
     bar = frame.Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)
     frame.write_parts(final, parts, source.name, mine,
                       lambda f, n: _create(f, source, opts, chunk), comm,

@@ -422,6 +422,22 @@ def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> 
               file=sys.stderr, flush=True)
 
 
+def save_blocks(comm: Any, prog: str, parts: Any, split: str, blocks: Sequence[range],
+                mine: range, what: str, unit: str,
+                read_block: Callable[[int], dict[str, np.ndarray]]) -> None:
+    """Collective: this rank's blocks of `split` (`mine`, of the item ranges `blocks`) as
+    parts, each the arrays ``read_block(i)`` names, those an earlier run saved skipped; one
+    block in memory at a time. Rank 0 reports the items done as ``SPLIT: what`` in `unit`s."""
+    resume_note(comm, prog, parts, split, mine)
+    bar = Progress(comm, f"{split}: {what}", blocks[-1].stop if blocks else 0, unit, prog)
+    for i in mine:
+        resumed = parts.done(split, i)
+        if not resumed:
+            parts.save(split, i, **read_block(i))
+        bar.advance(len(blocks[i]), resumed)
+    bar.close()
+
+
 def add_common_options(parser: argparse.ArgumentParser, blocks: bool = True) -> None:
     """``--resume`` and ``--stall-timeout`` (every recipe) and ``--block-mib`` (those that
     read big inputs)."""

@@ -86,20 +86,12 @@ def _create(f: Any, world: ck.ClickWorld, split: str, n: int, chunk: int,
     return dsets
 
 
-def save_blocks(world: ck.ClickWorld, split: str, blocks: list[range], mine: range,
-                parts: Parts, comm: Any) -> None:
-    """Collective: this rank's blocks of rows as parts (those an earlier run did not save);
-    validation parts keep the true probabilities and popularity, for the reference AUCs."""
-    frame.resume_note(comm, PROG, parts, split, mine)
-    bar = frame.Progress(comm, f"{split}: rows", blocks[-1].stop if blocks else 0, "rows", PROG)
-    for i in mine:
-        resumed = parts.done(split, i)
-        if not resumed:
-            rows = world.rows(split, blocks[i].start, blocks[i].stop)
-            extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
-            parts.save(split, i, dense=rows.dense, sparse=rows.sparse, label=rows.label, **extra)
-        bar.advance(len(blocks[i]), resumed)
-    bar.close()
+def read_block(world: ck.ClickWorld, split: str, block: range) -> dict[str, np.ndarray]:
+    """A block's rows as a part's arrays; validation parts keep the true probabilities and
+    popularity, for the reference AUCs."""
+    rows = world.rows(split, block.start, block.stop)
+    extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
+    return {"dense": rows.dense, "sparse": rows.sparse, "label": rows.label, **extra}
 
 
 def computed_attrs(split: str, n: int, parts: Parts, mine: range, n_blocks: int, comm: Any
@@ -127,7 +119,8 @@ def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any, p
     chunk = samples.chunk_rows(ROW_BYTES, n, chunk_bytes)
     blocks = plan_items(n, items_per_block(ROW_BYTES, block_bytes, n, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
-    save_blocks(world, split, blocks, mine, parts, comm)
+    frame.save_blocks(comm, PROG, parts, split, blocks, mine, "rows", "rows",
+                      lambda i: read_block(world, split, blocks[i]))
     attrs = computed_attrs(split, n, parts, mine, len(blocks), comm)
     bar = frame.Progress(comm, f"{split}: file", n, "rows", PROG)
     frame.write_parts(final, parts, split, mine,

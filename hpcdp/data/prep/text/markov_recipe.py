@@ -97,32 +97,28 @@ def docs_per_block(chain: MarkovChain, block_bytes: int, count: int, dtype: np.d
 
 
 def draw_block(chain: MarkovChain, seed: int, split_id: int, docs: range, dtype: np.dtype
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens of documents `docs` (in the file's dtype) and each one's end within them,
-    drawn a generator batch at a time: only the block's tokens are ever held whole."""
+               ) -> dict[str, np.ndarray]:
+    """A block's part: the tokens of documents `docs` (in the file's dtype) and each one's
+    end within them, drawn a generator batch at a time: only the block's tokens are ever
+    held whole."""
     tokens, lengths = [], []
     for lo in range(docs.start, docs.stop, mk.DOCS_PER_BLOCK):
         drawn = mk.sample_documents(chain, seed, split_id, lo,
                                     min(docs.stop, lo + mk.DOCS_PER_BLOCK))
         lengths.append(np.array([len(d) for d in drawn], np.int64))
         tokens.append(np.concatenate(drawn).astype(dtype))
-    return np.concatenate(tokens), np.cumsum(np.concatenate(lengths))
+    return {"tokens": np.concatenate(tokens), "doc_offsets": np.cumsum(np.concatenate(lengths))}
 
 
-def save_blocks(chain: MarkovChain, args: argparse.Namespace, split_id: int, split: str,
-                blocks: list[range], mine: range, dtype: np.dtype, parts: Parts,
-                comm: Any) -> None:
-    """Collective: this rank's blocks of documents as parts (tokens, and each document's end
-    within the block's tokens), those an earlier run saved skipped."""
-    frame.resume_note(comm, PROG, parts, split, mine)
-    bar = frame.Progress(comm, f"{split}: documents", blocks[-1].stop, "docs", PROG)
-    for i in mine:
-        resumed = parts.done(split, i)
-        if not resumed:
-            tokens, ends = draw_block(chain, args.seed, split_id, blocks[i], dtype)
-            parts.save(split, i, tokens=tokens, doc_offsets=ends)
-        bar.advance(len(blocks[i]), resumed)
-    bar.close()
+def save_split(chain: MarkovChain, seed: int, split_id: int, split: str, count: int,
+               dtype: np.dtype, block_bytes: int, parts: Parts, comm: Any) -> range:
+    """Collective: `split`'s `count` documents cut into blocks, this rank's saved as parts;
+    this rank's blocks."""
+    blocks = plan_items(count, docs_per_block(chain, block_bytes, count, dtype))
+    mine = rank_blocks(len(blocks), comm.rank, comm.size)
+    frame.save_blocks(comm, PROG, parts, split, blocks, mine, "documents", "docs",
+                      lambda i: draw_block(chain, seed, split_id, blocks[i], dtype))
+    return mine
 
 
 def write_split(out: str, split: str, meta: tk.TokenMeta, parts: Parts, mine: range,
@@ -160,10 +156,8 @@ def _write(args: argparse.Namespace, chain: MarkovChain, comm: Any
         for split_id, (split, count) in enumerate((("train", args.docs),
                                                    ("val", args.val_docs))):
             meta = _meta(chain, args, split, h)
-            blocks = plan_items(count, docs_per_block(chain, frame.block_bytes(args.block_mib),
-                                                      count, meta.dtype))
-            mine = rank_blocks(len(blocks), comm.rank, comm.size)
-            save_blocks(chain, args, split_id, split, blocks, mine, meta.dtype, parts, comm)
+            mine = save_split(chain, args.seed, split_id, split, count, meta.dtype,
+                              frame.block_bytes(args.block_mib), parts, comm)
             written.append(write_split(args.out, split, meta, parts, mine, comm))
     return written, h
 
