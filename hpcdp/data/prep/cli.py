@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.cliargs import parse_args
 from hpcdp.data.format.samples import CHUNK_BYTES, chunk_rows, label_chunk_rows, slab_rows
 from hpcdp.data.prep import arrays as src
@@ -68,16 +67,8 @@ def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
                        "dtype": str(source.dtype)}}
     if y_name and source.has_labels:
         schema[y_name] = {"shape": [source.num_samples], "dtype": "int64"}
-    return {
-        "schema": json.dumps(schema),
-        "num_samples": source.num_samples,
-        "source": source_name,
-        "split": source.name,
-        "seed": seed,
-        "source_params": json.dumps(source.params, sort_keys=True),
-        "hpcdp_version": __version__,
-        **source.attrs,
-    }
+    return frame.root_attrs(schema, source.num_samples, source_name, source.name,
+                            source.params, seed, source.attrs)
 
 
 # -- writing ------------------------------------------------------------------------

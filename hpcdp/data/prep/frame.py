@@ -17,6 +17,7 @@ writes, the options every recipe shares).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from hpcdp import __version__
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES
 from hpcdp.runtime import hvd_settings
@@ -309,6 +311,21 @@ class PartLayout:
 
     starts: dict[int, dict[str, int]]  # block -> array -> its first row in the file
     totals: dict[str, int]  # array -> rows in the file
+
+
+def root_attrs(schema: dict[str, Any], num_samples: int, source: str, split: str,
+               params: dict[str, Any], seed: int | None = None,
+               more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The root attributes of a prepared file, in this order: what it holds (`schema`: each
+    dataset's shape and dtype), its rows, the recipe (`source`) and split, the seed where
+    the recipe has one, what it was made from (`params`, as ``source_params``) and hpcdp's
+    version; then the recipe's own (`more`)."""
+    attrs: dict[str, Any] = {"schema": json.dumps(schema), "num_samples": num_samples,
+                             "source": source, "split": split}
+    if seed is not None:
+        attrs["seed"] = seed
+    return {**attrs, "source_params": json.dumps(params, sort_keys=True),
+            "hpcdp_version": __version__, **(more or {})}
 
 
 def part_layout(parts: Any, split: str, blocks: range, comm: Any) -> PartLayout:

@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep.blocks import plan_blocks, rank_blocks
@@ -370,13 +369,12 @@ def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skippe
               "label": {"shape": [n], "dtype": "uint8"}}
     params = {"files": inputs.files["train"], "val_files": inputs.files["val"],
               **inputs.rule.describe()}
-    return {"schema": json.dumps(schema), "num_samples": n, "source": "criteo", "split": split,
-            "source_params": json.dumps(params, sort_keys=True), "hpcdp_version": __version__,
-            "table_sizes": np.asarray(sizes, np.int64),
-            "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
-            "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
-            "dense_rule": "log(1 + max(count, 0)); empty as 0",
-            "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()}
+    return prep_run.root_attrs(schema, n, "criteo", split, params, more={
+        "table_sizes": np.asarray(sizes, np.int64),
+        "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
+        "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
+        "dense_rule": "log(1 + max(count, 0)); empty as 0",
+        "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()})
 
 
 def split_totals(split: str, blocks: Numbered, comm: Any) -> tuple[int, int, int]:

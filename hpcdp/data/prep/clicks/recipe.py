@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
@@ -59,19 +58,12 @@ def split_attrs(world: ck.ClickWorld, split: str, n: int) -> dict[str, Any]:
     schema = {"dense": {"shape": [n, ck.DENSE_FEATURES], "dtype": "float32"},
               "sparse": {"shape": [n, len(sizes)], "dtype": "int32"},
               "label": {"shape": [n], "dtype": "uint8"}}
-    return {
-        "schema": json.dumps(schema),
-        "num_samples": n,
-        "source": "clicks",
-        "split": split,
-        "seed": world.spec.seed,
-        "source_params": json.dumps(world.spec.params(), sort_keys=True),
-        "hpcdp_version": __version__,
+    return frame.root_attrs(schema, n, "clicks", split, world.spec.params(), world.spec.seed, {
         "table_sizes": np.asarray(sizes, np.int64),
         "field_names": json.dumps(ck.field_names()),
         "dense_features": ck.DENSE_FEATURES,
         "offset": world.offset,
-    }
+    })
 
 
 def _create(f: Any, world: ck.ClickWorld, split: str, n: int, chunk: int,
