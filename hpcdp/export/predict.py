@@ -1,6 +1,6 @@
 """`hpcdp predict EXPORT_DIR FILES...`: the top classes of image files under an image model.
 
-Each file is opened by the image recipe's rules (hpcdp.data.prep.images.decode: a
+Each file is opened by the image recipe's rules (hpcdp.data.format.image_decode: a
 regular file, JPEG, PNG, BMP or WebP by name and content, at most --max-pixels
 pixels; anything else is refused naming the file, exit status 2), decoded with
 Pillow and made what training saw: `resize_center_crop`
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcdp.data.prep.images.decode import (
+from hpcdp.data.format.image_decode import (
     EXTENSIONS,
     MAX_PIXELS,
     DecodeError,
@@ -40,7 +40,7 @@ from hpcdp.export.load import load
 def read_image(path: Path, size: int, channels: int, max_pixels: int = MAX_PIXELS
                ) -> np.ndarray:
     """(channels, size, size) uint8 of an image file, as the training data holds images:
-    RGB images by the image-folder recipe's own rules (hpcdp.data.prep.images.decode), grey
+    RGB images by the image-folder recipe's own rules (hpcdp.data.format.image_decode), grey
     ones (the digits) by the same checks and fit after a conversion to grey."""
     if channels not in (1, 3):
         raise bundle.ExportError(f"the model takes {channels} channels: images need 1 or 3")

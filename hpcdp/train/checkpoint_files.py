@@ -415,14 +415,6 @@ def prune(folder: Path, keep: int) -> list[Path]:
     return removed
 
 
-def save(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write step-N.pt atomically, then trim to the newest `keep` files."""
-    path = step_path(folder, step)
-    write_atomic(path, encode(state))
-    prune(folder, keep)
-    return path
-
-
 def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: str,
                      name: str) -> None:
     """Refuse a checkpoint written for another model (by name, then by tensor shapes)."""
@@ -510,15 +502,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"converted {args.path} -> {out}: it now loads without running code")
     return 0
-
-
-def rng_state() -> dict[str, Any]:
-    """This rank's random generators, in a form the weights-only loader accepts."""
-    return capture_rng()
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    restore_rng(state)
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ class CheckpointManager:
         a warning when something after the write failed (the file is complete).
         """
         watchdog.section("checkpoint")
-        every = dist.allgather_object((ckpt.rng_state(), metric_sums,
+        every = dist.allgather_object((ckpt.capture_rng(), metric_sums,
                                        compression_states(run.optimizers)), "hpcdp.rng")
         path, error, note = self.path(train.step), None, None
         if self.root:
@@ -389,7 +389,7 @@ class CheckpointManager:
             run.extra.update(state.get("extra") or {})
         rngs = state.get("rng") or []
         if len(rngs) == run.size:
-            ckpt.set_rng_state(rngs[run.rank])
+            ckpt.restore_rng(rngs[run.rank])
         else:  # another world size: fresh, distinct, reproducible streams per rank
             seed_everything(run.seed + run.rank + 1_000_003 * int(state["step"]))
         sums = state.get("metric_sums") or []  # another world size: the window starts afresh

@@ -13,6 +13,13 @@ from hpcdp.models.vision import build_model
 from hpcdp.train import checkpoint_files as ck
 
 
+def write_step(folder: Path, step: int, state: dict) -> Path:
+    """Checkpoint `step` in `folder` as the manager writes one: the format, atomically."""
+    path = ck.step_path(folder, step)
+    ck.write_atomic(path, ck.encode(state))
+    return path
+
+
 def state(step: int, model_name: str = "digits_cnn") -> dict:
     model = build_model(model_name, (1, 8, 8), 10)
     return {"step": step, "model_name": model_name, "model": model.state_dict(),
@@ -21,7 +28,7 @@ def state(step: int, model_name: str = "digits_cnn") -> dict:
 
 def test_round_trip_and_names(tmp_path: Path) -> None:
     saved = state(7)
-    path = ck.save(tmp_path, 7, saved, keep=3)
+    path = write_step(tmp_path, 7, saved)
     assert path.name == "step-00000007.pt"
     loaded = ck.decode(path.read_bytes(), str(path))
     assert loaded["step"] == 7
@@ -30,7 +37,7 @@ def test_round_trip_and_names(tmp_path: Path) -> None:
 
 
 def test_corruption_is_detected(tmp_path: Path) -> None:
-    path = ck.save(tmp_path, 1, state(1), keep=3)
+    path = write_step(tmp_path, 1, state(1))
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -43,7 +50,7 @@ def test_corruption_is_detected(tmp_path: Path) -> None:
 
 def test_latest_falls_back_past_a_corrupt_newest(tmp_path: Path) -> None:
     for step in (10, 20, 30):
-        ck.save(tmp_path, step, state(step), keep=5)
+        write_step(tmp_path, step, state(step))
     newest = ck.step_path(tmp_path, 30)
     newest.write_bytes(newest.read_bytes()[:-100])  # truncated, as by a crash mid-copy
     with warnings.catch_warnings(record=True) as caught:
@@ -63,7 +70,8 @@ def test_nothing_valid_gives_none(tmp_path: Path) -> None:
 
 def test_keep_last_k_and_temp_files_ignored(tmp_path: Path) -> None:
     for step in range(1, 6):
-        ck.save(tmp_path, step, {"step": step}, keep=2)
+        write_step(tmp_path, step, {"step": step})
+        ck.prune(tmp_path, 2)
     (tmp_path / ".step-00000009.pt.tmp-123").write_bytes(b"half")
     assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [5, 4]
     assert not any(p.name.startswith(".step-00000005") for p in tmp_path.iterdir())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_checkpoint import write_step
 
 from hpcdp.train import checkpoint_files as ck
 
@@ -102,7 +103,7 @@ def test_decode_names_the_file() -> None:
 
 def test_latest_names_its_path_and_warns_once(tmp_path: Path) -> None:
     for step in (1, 2):
-        ck.save(tmp_path, step, {"step": step}, keep=5)
+        write_step(tmp_path, step, {"step": step})
     ck.step_path(tmp_path, 2).write_bytes(b"bad")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -114,7 +115,7 @@ def test_latest_names_its_path_and_warns_once(tmp_path: Path) -> None:
 
 def test_prune_returns_what_it_removed(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
-        ck.save(tmp_path, step, {"step": step}, keep=10)
+        write_step(tmp_path, step, {"step": step})
     assert ck.prune(tmp_path, 2) == [ck.step_path(tmp_path, 2), ck.step_path(tmp_path, 1)]
     assert ck.prune(tmp_path, 2) == []
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_checkpoint import write_step
 
 from hpcdp.models.vision import build_model
 from hpcdp.train import checkpoint_files as ck
@@ -158,7 +159,7 @@ def test_permission_rule(mode: int, owner: int, group: int, private: bool, allow
 
 def test_world_writable_folder_and_file_are_refused(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
-    path = ck.save(folder, 2, {"step": 2}, keep=3)
+    path = write_step(folder, 2, {"step": 2})
     folder.chmod(0o777)
     for call in (lambda t: ck.find_latest(folder, t), lambda t: ck.read_verified(path, t)):
         with pytest.raises(ck.UntrustedError, match=f"checkpoint folder '{folder}' is writable "
@@ -180,8 +181,8 @@ def test_world_writable_folder_and_file_are_refused(tmp_path: Path) -> None:
 
 
 def test_an_untrusted_newest_file_is_refused_not_skipped(tmp_path: Path) -> None:
-    ck.save(tmp_path, 1, {"step": 1}, keep=3)
-    newest = ck.save(tmp_path, 2, {"step": 2}, keep=3)
+    write_step(tmp_path, 1, {"step": 1})
+    newest = write_step(tmp_path, 2, {"step": 2})
     newest.chmod(0o646)
     with pytest.raises(ck.UntrustedError, match="step-00000002.pt"):
         ck.find_latest(tmp_path)
@@ -206,11 +207,11 @@ def test_files_and_folders_follow_the_umask(tmp_path: Path, mask: int, file_mode
         folder.mkdir(parents=True)
         stale.write_bytes(b"left by a crash")
         stale.chmod(0o666)  # a leftover temp file's mode must not carry over
-        path = ck.save(folder, 1, {"step": 1}, keep=3)
+        path = write_step(folder, 1, {"step": 1})
     assert stat.S_IMODE(path.stat().st_mode) == file_mode
     assert stat.S_IMODE(folder.stat().st_mode) == dir_mode
     assert not stale.exists()
     with umask(mask):
-        made = ck.save(tmp_path / "new" / "deep", 1, {"step": 1}, keep=3)
+        made = write_step(tmp_path / "new" / "deep", 1, {"step": 1})
     assert stat.S_IMODE(made.parent.stat().st_mode) == dir_mode
     assert stat.S_IMODE(made.parent.parent.stat().st_mode) == dir_mode

@@ -103,14 +103,15 @@ def test_any_blocks_give_each_line_once_with_its_number(tmp_path: Path) -> None:
     for block in (97, 500, 3000, size):
         got = []
         for b in plan_blocks([(str(path), size)], block):
-            got += cb.read_block(b.path, b.start, b.end, "log", False).values[:, 0].tolist()
+            got += [v for rows in cb.block_pieces(b.path, b.start, b.end, "log", False)
+                    for v in rows.values[:, 0].tolist()]
         assert got == want, block
     lines[222] = b"1\t2"
     path.write_bytes(b"\n".join(lines[:150]) + b"\r\n" + b"\n".join(lines[150:]))
     errors = []
     for b in plan_blocks([(str(path), path.stat().st_size)], 5000):
         try:
-            cb.read_block(b.path, b.start, b.end, "log", False)
+            list(cb.block_pieces(b.path, b.start, b.end, "log", False))
         except cr.CriteoError as exc:
             errors.append(str(exc))
     assert errors == ["log: line 223: 2 tab-separated fields, expected 40 (label, 13 counts, "

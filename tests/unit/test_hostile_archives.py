@@ -273,7 +273,8 @@ def shrunk_file(tmp: Path) -> list[str]:
     path.write_text(f"{CRITEO_ROW}\n")
     code = ("import sys; from hpcdp.data.prep.clicks import criteo as cr\n"
             "from hpcdp.data.prep.clicks import criteo_blocks as cb\n"
-            "try:\n    cb.read_block(sys.argv[1], 0, int(sys.argv[2]), sys.argv[1], False)\n"
+            "try:\n    list(cb.block_pieces(sys.argv[1], 0, int(sys.argv[2]), sys.argv[1],\n"
+            "                         False))\n"
             "except cr.CriteoError as exc:\n    sys.exit(f'error: {exc}')\n")
     return ["-c", code, str(path), str(path.stat().st_size + 4096)]
 

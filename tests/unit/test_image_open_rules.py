@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hpcdp.data.prep.images import folder
-from hpcdp.data.prep.images.decode import (
+from hpcdp.data.format.image_decode import (
     DecodeError,
     check_content,
     decode,
     decode_grey,
-    shown,
     sniff,
 )
+from hpcdp.data.prep.bounded import shown
+from hpcdp.data.prep.images import folder
 
 
 def encoded(fmt: str, size: tuple[int, int] = (12, 10)) -> bytes:

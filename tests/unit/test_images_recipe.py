@@ -10,12 +10,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from PIL import Image
 
+from hpcdp.data.format.image_decode import DecodeError, decode
 from hpcdp.data.prep.images import folder
-from hpcdp.data.prep.images.decode import DecodeError, decode
 from hpcdp.data.prep.images.recipe import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,18 +81,6 @@ def test_bad_layouts_are_named(tmp_path, make, problem):
     make(tmp_path)
     with pytest.raises(folder.FolderError, match=problem):
         folder.scan(str(tmp_path))
-
-
-@given(sizes=st.lists(st.integers(0, 1000), min_size=0, max_size=60), ranks=st.integers(1, 8))
-def test_byte_ranges_cover_every_file_once_in_order(sizes, ranks):
-    spans = folder.byte_ranges(sizes, ranks)
-    assert len(spans) == ranks and spans[0][0] == 0 and spans[-1][1] == len(sizes)
-    for (_, hi), (lo, _) in zip(spans, spans[1:]):
-        assert hi == lo
-    total = sum(sizes)
-    if total and ranks > 1:  # no rank's share exceeds its fair part by more than one file
-        for lo, hi in spans:
-            assert sum(sizes[lo:hi]) <= total / ranks + max(sizes)
 
 
 # -- decoding -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hpcdp.data.prep.images.decode import fit
+from hpcdp.data.format.image_decode import fit
 from hpcdp.export import bundle
 from hpcdp.export.command import class_names, normalisation
 from hpcdp.export.load import load

@@ -14,38 +14,68 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hpcdp.data.format.samples import chunk_rows
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import cli as prep
+from hpcdp.data.prep import frame
+from hpcdp.data.prep.blocks import items_per_block, plan_items, rank_blocks
 from hpcdp.data.read.samples import ShardedReader
 
 
-@given(n=st.integers(1, 5000), chunk=st.integers(1, 300), size=st.integers(1, 9))
-def test_rank_rows_cover_every_row_once_in_whole_chunks(n: int, chunk: int, size: int) -> None:
-    spans = [prep.rank_rows(n, chunk, r, size) for r in range(size)]
+class _Rows:
+    """The parts `frame.write_parts` reads, held in memory: block i holds its rows' numbers."""
+
+    def __init__(self, blocks: list[range]) -> None:
+        self.blocks = blocks
+
+    def lengths(self, split: str, i: int) -> dict[str, int]:
+        return {"x": len(self.blocks[i])}
+
+    def load(self, split: str, i: int) -> dict[str, np.ndarray]:
+        return {"x": np.arange(self.blocks[i].start, self.blocks[i].stop)}
+
+
+def _sample_blocks(n: int, chunk: int, chunks_a_block: int) -> list[range]:
+    """How the sample recipes cut their rows (`cli.write_split`): blocks of whole chunks."""
+    return plan_items(n, items_per_block(1, chunks_a_block * chunk, n, unit=chunk))
+
+
+@given(n=st.integers(1, 5000), chunk=st.integers(1, 300), size=st.integers(1, 9),
+       chunks_a_block=st.integers(1, 5))
+def test_rank_rows_cover_every_row_once_in_whole_chunks(n: int, chunk: int, size: int,
+                                                        chunks_a_block: int) -> None:
+    blocks = _sample_blocks(n, chunk, chunks_a_block)
+    mine = [rank_blocks(len(blocks), r, size) for r in range(size)]
+    spans = [(blocks[m.start].start, blocks[m.stop - 1].stop) if m else None for m in mine]
+    spans = [s for s in spans if s is not None]  # a rank without blocks writes no rows
     assert spans[0][0] == 0 and spans[-1][1] == n
     for (_, hi), (lo, _) in zip(spans, spans[1:]):
         assert hi == lo
     assert all(lo % chunk == 0 and lo <= hi for lo, hi in spans)
+    assert all(b.start % chunk == 0 for b in blocks)  # no two ranks write into one chunk
     slab = chunk * 3
-    rounds = prep.write_rounds(n, chunk, slab, size)
-    assert rounds == max(-(-(hi - lo) // slab) for lo, hi in spans)
+    rounds = max(len(list(frame._slabs(_Rows(blocks), "train", m, slab))) for m in mine)
+    assert rounds == max(sum(-(-len(blocks[i]) // slab) for i in m) for m in mine)
 
 
-@given(n=st.integers(1, 5000), chunk=st.integers(1, 300), size=st.integers(1, 9))
-def test_rank_slabs_are_the_rank_rows_in_equal_rounds(n: int, chunk: int, size: int) -> None:
+@given(n=st.integers(1, 5000), chunk=st.integers(1, 300), size=st.integers(1, 9),
+       chunks_a_block=st.integers(1, 5))
+def test_rank_slabs_are_the_rank_rows_in_slabs_of_whole_chunks(n: int, chunk: int, size: int,
+                                                               chunks_a_block: int) -> None:
     slab = chunk * 2
-    slabs = [prep.rank_slabs(n, chunk, slab, r, size) for r in range(size)]
-    assert len({len(s) for s in slabs}) == 1  # every rank in every collective round
-    for r, mine in enumerate(slabs):
-        lo, hi = prep.rank_rows(n, chunk, r, size)
-        rows = [i for a, b in mine for i in range(a, b)]
-        assert rows == list(range(lo, hi)) and all(b - a <= slab for a, b in mine)
+    blocks = _sample_blocks(n, chunk, chunks_a_block)
+    for r in range(size):
+        mine = rank_blocks(len(blocks), r, size)
+        read = [got() for got in frame._slabs(_Rows(blocks), "train", mine, slab)]
+        rows = [int(i) for _, _, data in read for i in data["x"]]
+        assert rows == [i for b in mine for i in blocks[b]]
+        assert all(len(data["x"]) <= slab and a % chunk == 0 for _, a, data in read)
 
 
 def test_chunks_are_about_one_mib_along_the_sample_axis() -> None:
-    assert prep.chunk_rows(3 * 32 * 32, 50_000) * 3072 in range(1 << 20, (1 << 20) + 3072)
-    assert prep.chunk_rows(3 * 224 * 224, 10_000) == 7  # 1.05 MiB
-    assert prep.chunk_rows(64, 1437) == 23  # small data: at least 64 chunks to shuffle
+    assert chunk_rows(3 * 32 * 32, 50_000) * 3072 in range(1 << 20, (1 << 20) + 3072)
+    assert chunk_rows(3 * 224 * 224, 10_000) == 7  # 1.05 MiB
+    assert chunk_rows(64, 1437) == 23  # small data: at least 64 chunks to shuffle
 
 
 def test_synthetic_rows_do_not_depend_on_slab_boundaries() -> None:
@@ -69,7 +99,7 @@ def test_synthetic_prep_file_schema_and_tools(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["train.h5", "val.h5"]
     with h5py.File(out / "train.h5", "r") as f:
         assert f["x"].shape == (500, 3, 8, 8) and f["x"].dtype == np.uint8
-        assert f["y"].dtype == np.int64 and f["x"].chunks[0] == prep.chunk_rows(192, 500)
+        assert f["y"].dtype == np.int64 and f["x"].chunks[0] == chunk_rows(192, 500)
         schema = json.loads(f.attrs["schema"])
         assert schema["x"] == {"shape": [500, 3, 8, 8], "dtype": "uint8"}
         assert (f.attrs["num_samples"], f.attrs["source"], f.attrs["seed"]) == (500, "synthetic", 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.parts import Parts, differences
+from hpcdp.data.prep.parts import SAME_BYTES, Parts, differences, fingerprint
 
 COMM = frame.SerialComm()
 
@@ -97,6 +98,24 @@ def test_bad_input_found_while_working_leaves_nothing_but_a_crash_keeps_the_part
 def test_fingerprint_differences_name_the_options() -> None:
     assert differences({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
         "b: 2 -> 3", "c: None -> 4"]
+
+
+def test_a_fingerprint_is_the_checked_inputs_and_the_input_files(tmp_path: Path) -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Checked:
+        seed: int
+        transfer: str = dataclasses.field(default="independent", metadata=SAME_BYTES)
+
+    data = tmp_path / "x.npy"
+    data.write_bytes(b"12345")
+    got = fingerprint(Checked(3), {"rows": 10}, files=[str(data)])
+    stat = data.stat()
+    assert got == {"seed": 3, "rows": 10,
+                   f"file {data.resolve()}": [5, stat.st_mtime_ns]}  # no transfer mode
+    assert fingerprint(Checked(3, "collective"), {"rows": 10}, files=[str(data)]) == got
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert differences(got, fingerprint(Checked(3), {"rows": 10}, files=[str(data)])) == [
+        f"file {data.resolve()}: [5, {stat.st_mtime_ns}] -> [5, {stat.st_mtime_ns + 1}]"]
 
 
 def test_resuming_accepts_outputs_the_unfinished_run_renamed(tmp_path: Path) -> None:

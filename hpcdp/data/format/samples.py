@@ -1,5 +1,5 @@
 """Samples-first files (a data array and optional labels, row-aligned): how their rows are
-cut into chunks, how the ranks share them, and the checks a reader relies on.
+cut into chunks and write slabs, and the checks a reader relies on.
 
 The chunk arithmetic is pure: every recipe writing fixed-shape samples (arrays, images, clicks,
 token windows) relies on, and that a reader's block order assumes: a chunk is the unit of
@@ -31,32 +31,9 @@ def chunk_rows(sample_bytes: int, num_samples: int, target_bytes: int = CHUNK_BY
     return max(1, min(rows, -(-num_samples // MIN_CHUNKS)))
 
 
-def rank_rows(num_samples: int, chunk: int, rank: int, size: int) -> tuple[int, int]:
-    """Rank `rank`'s contiguous, chunk-aligned row range: whole chunks split evenly."""
-    blocks = -(-num_samples // chunk)
-    lo = rank * blocks // size * chunk
-    hi = (rank + 1) * blocks // size * chunk
-    return min(lo, num_samples), min(hi, num_samples)
-
-
 def slab_rows(chunk: int, sample_bytes: int) -> int:
     """Rows per write round: whole chunks, about `SLAB_BYTES`."""
     return chunk * max(1, SLAB_BYTES // max(1, chunk * sample_bytes))
-
-
-def write_rounds(num_samples: int, chunk: int, slab: int, size: int) -> int:
-    """Collective write rounds: every rank makes the same number, some with nothing to write."""
-    spans = [rank_rows(num_samples, chunk, r, size) for r in range(size)]
-    return max(-(-(hi - lo) // slab) for lo, hi in spans)
-
-
-def rank_slabs(num_samples: int, chunk: int, slab: int, rank: int, size: int
-               ) -> list[tuple[int, int]]:
-    """Rank `rank`'s rows ``[a, b)`` for each write round, ``a == b`` once it has written
-    its share: every rank takes part in every round's collective write."""
-    lo, hi = rank_rows(num_samples, chunk, rank, size)
-    rounds = write_rounds(num_samples, chunk, slab, size)
-    return [(min(hi, lo + i * slab), min(hi, lo + (i + 1) * slab)) for i in range(rounds)]
 
 
 def label_chunk_rows(chunk: int, num_samples: int) -> int:

@@ -32,24 +32,13 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.cliargs import parse_args
-from hpcdp.data.format.samples import (  # noqa: F401  (re-exported for the recipes' callers)
-    CHUNK_BYTES,
-    MIN_CHUNKS,
-    SLAB_BYTES,
-    chunk_rows,
-    label_chunk_rows,
-    rank_rows,
-    rank_slabs,
-    slab_rows,
-    write_rounds,
-)
+from hpcdp.data.format.samples import CHUNK_BYTES, chunk_rows, label_chunk_rows, slab_rows
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
@@ -64,7 +53,7 @@ from hpcdp.data.prep.frame import (
     write_or_abort,
 )
 from hpcdp.data.prep.images import cifar
-from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import SAME_BYTES, Parts, fingerprint
 from hpcdp.runtime.crash import report_crashes
 
 COMPRESSIONS = ("none", "gzip", "lzf")
@@ -78,16 +67,8 @@ def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
                        "dtype": str(source.dtype)}}
     if y_name and source.has_labels:
         schema[y_name] = {"shape": [source.num_samples], "dtype": "int64"}
-    return {
-        "schema": json.dumps(schema),
-        "num_samples": source.num_samples,
-        "source": source_name,
-        "split": source.name,
-        "seed": seed,
-        "source_params": json.dumps(source.params, sort_keys=True),
-        "hpcdp_version": __version__,
-        **source.attrs,
-    }
+    return frame.root_attrs(schema, source.num_samples, source_name, source.name,
+                            source.params, seed, source.attrs)
 
 
 # -- writing ------------------------------------------------------------------------
@@ -101,7 +82,7 @@ class WriteOptions:
     chunk_bytes: int = CHUNK_BYTES
     seed: int = 0
     source_name: str = ""
-    collective: bool = False
+    collective: bool = field(default=False, metadata=SAME_BYTES)
     block_bytes: int = DEFAULT_BLOCK_BYTES
 
 
@@ -123,20 +104,10 @@ def _create(f: Any, source: src.Source, opts: WriteOptions, chunk: int) -> dict[
     return dsets
 
 
-def save_blocks(source: src.Source, parts: Parts, blocks: list[range], mine: range,
-                opts: WriteOptions, comm: Any) -> None:
-    """Collective: this rank's blocks of `source` as parts (those not done by an earlier
-    run), one block in memory at a time."""
-    frame.resume_note(comm, PROG, parts, source.name, mine)
-    bar = frame.Progress(comm, f"{source.name}: samples", source.num_samples, "samples", PROG)
-    for i in mine:
-        resumed = parts.done(source.name, i)
-        if not resumed:
-            xs, ys = source.slab(blocks[i].start, blocks[i].stop)
-            labels = {"y": ys} if opts.y_name and source.has_labels else {}
-            parts.save(source.name, i, x=xs, **labels)
-        bar.advance(len(blocks[i]), resumed)
-    bar.close()
+def read_block(source: src.Source, block: range, opts: WriteOptions) -> dict[str, np.ndarray]:
+    """A block's samples (and labels) as a part's arrays."""
+    xs, ys = source.slab(block.start, block.stop)
+    return {"x": xs, **({"y": ys} if opts.y_name and source.has_labels else {})}
 
 
 def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
@@ -149,7 +120,8 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
     blocks = plan_items(source.num_samples, items_per_block(
         source.sample_bytes, opts.block_bytes, source.num_samples, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
-    save_blocks(source, parts, blocks, mine, opts, comm)
+    frame.save_blocks(comm, PROG, parts, source.name, blocks, mine, "samples", "samples",
+                      lambda i: read_block(source, blocks[i], opts))
     bar = frame.Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)
     frame.write_parts(final, parts, source.name, mine,
                       lambda f, n: _create(f, source, opts, chunk), comm,
@@ -239,21 +211,42 @@ RECIPES: dict[str, tuple[str, str]] = {
 }
 
 
-def make_sources(args: argparse.Namespace) -> list[src.Source]:
-    """The splits the options ask for; `SourceError` on bad options or input files."""
-    if not 0 <= args.seed < 2**63:
-        raise src.SourceError(f"--seed must be in [0, 2**63), got {args.seed}")
+def source_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options the recipe's splits are made from, by name: `make_sources` reads these
+    (and the seed) and nothing else, so with the writer's options and the input files they
+    are what a resumed run must share with the run it continues."""
     if args.source == "digits":
-        return src.digits(args.seed, args.val_fraction)
+        return {"val_fraction": args.val_fraction}
     if args.source == "synthetic":
-        if args.val_samples < 0:
-            raise src.SourceError(f"--val-samples must be non-negative, got {args.val_samples}")
-        return src.synthetic(args.samples, src.parse_shape(args.shape), args.dtype,
-                             args.classes, args.seed, args.val_samples)
+        return {"samples": args.samples, "shape": args.shape, "dtype": args.dtype,
+                "classes": args.classes, "val_samples": args.val_samples}
     if args.source == "cifar":
-        return cifar.cifar(args.archive, args.labels)
-    check_name("--split", args.split)
-    return src.arrays(args.x_path, args.y_path, args.x_key, args.y_key or None, args.split)
+        return {"archive": args.archive, "labels": args.labels}
+    return {"x_path": args.x_path, "y_path": args.y_path, "x_key": args.x_key,
+            "y_key": args.y_key, "split": args.split}
+
+
+#: The `source_options` that name input files.
+INPUT_FILES = ("x_path", "y_path", "archive")
+
+
+def make_sources(recipe: str, made_from: dict[str, Any], seed: int) -> list[src.Source]:
+    """The splits of `recipe` from its `source_options`; `SourceError` on bad options or
+    input files."""
+    if not 0 <= seed < 2**63:
+        raise src.SourceError(f"--seed must be in [0, 2**63), got {seed}")
+    o = made_from
+    if recipe == "digits":
+        return src.digits(seed, o["val_fraction"])
+    if recipe == "synthetic":
+        if o["val_samples"] < 0:
+            raise src.SourceError(f"--val-samples must be non-negative, got {o['val_samples']}")
+        return src.synthetic(o["samples"], src.parse_shape(o["shape"]), o["dtype"],
+                             o["classes"], seed, o["val_samples"])
+    if recipe == "cifar":
+        return cifar.cifar(o["archive"], o["labels"])
+    check_name("--split", o["split"])
+    return src.arrays(o["x_path"], o["y_path"], o["x_key"], o["y_key"] or None, o["split"])
 
 
 def check_name(flag: str, name: str) -> None:
@@ -283,22 +276,6 @@ def write_options(args: argparse.Namespace) -> WriteOptions:
                         chunk_bytes=max(1, int(args.chunk_mib * 2**20)), seed=args.seed,
                         source_name=args.source, collective=args.mpio == "collective",
                         block_bytes=frame.block_bytes(args.block_mib))
-
-
-#: Options that change neither the files nor the parts (left out of the fingerprint).
-NOT_FINGERPRINTED = ("out", "overwrite", "resume", "report", "mpio")
-
-
-def fingerprint(args: argparse.Namespace) -> dict[str, Any]:
-    """What a resumed run must share with the run it continues: every option that changes
-    the output or the blocks, and the size and time of each input file."""
-    found = {k: v for k, v in vars(args).items() if k not in NOT_FINGERPRINTED}
-    for key in ("x_path", "y_path", "archive"):
-        path = found.get(key)
-        if path and os.path.exists(path):
-            stat = os.stat(path)
-            found[f"{key}_stat"] = [stat.st_size, stat.st_mtime_ns]
-    return found
 
 
 def _existing_parent(path: str) -> str:
@@ -356,17 +333,33 @@ def check_report(report: str | None) -> None:
         raise PrepError(f"--report {report!r}: expected a file path in an existing folder")
 
 
-def prepare_inputs(args: argparse.Namespace, comm: Any) -> tuple[WriteOptions, list[src.Source]]:
+@dataclass(frozen=True)
+class Inputs:
+    """The checked options: the writer's, what the splits are made from, and the splits."""
+
+    opts: WriteOptions
+    made_from: dict[str, Any]
+    sources: list[src.Source]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What changes the parts or the files: the writer's options, what the splits are
+        made from, and the input files (not the splits, which follow from those)."""
+        files = [self.made_from[k] for k in INPUT_FILES if self.made_from.get(k)]
+        return fingerprint(self.opts, self.made_from, files=files)
+
+
+def prepare_inputs(args: argparse.Namespace, comm: Any) -> Inputs:
     """Every check of the options and input files, on this rank; raises on bad input."""
     check_world(comm.size)
     opts = write_options(args)
-    sources = make_sources(args)
+    made_from = source_options(args)
+    sources = make_sources(args.source, made_from, opts.seed)
     for source in sources:
         src.check_sample_bytes(source.sample_shape, source.dtype, f"split {source.name}")
     check_out(args.out, sources, args.overwrite, args.resume)
     check_space(args.out, sources, opts.compression)
     check_report(args.report)
-    return opts, sources
+    return Inputs(opts, made_from, sources)
 
 
 def agreed(comm: Any, error: str | None) -> bool:
@@ -391,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     error: str | None = None
     try:
-        opts, sources = prepare_inputs(args, comm)
+        inputs = prepare_inputs(args, comm)
     except (src.SourceError, PrepError, OSError, ImportError) as exc:
         error = str(exc)
     # Agree on bad input before any collective file operation: every rank reports it.
@@ -405,24 +398,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     start = time.perf_counter()
     status: list[int] = []
-    written = write_or_abort(PROG, comm, lambda: _write(args, opts, sources, comm), status,
+    written = write_or_abort(PROG, comm, lambda: _write(args, inputs, comm), status,
                              args.stall_timeout)
     if written is None:
         return status[0]
     if comm.rank == 0:
         try:
-            _summary(args, sources, written, comm.size, time.perf_counter() - start)
+            _summary(args, inputs.sources, written, comm.size, time.perf_counter() - start)
         except OSError as exc:
             say(comm, PROG, f"error: --report {args.report}: {exc.strerror or exc}")
             return EXIT_WRITE_FAILED
     return 0
 
 
-def _write(args: argparse.Namespace, opts: WriteOptions, sources: list[src.Source],
-           comm: Any) -> list[str]:
+def _write(args: argparse.Namespace, inputs: Inputs, comm: Any) -> list[str]:
     """Collective: every split through the parts in OUT/.hpcdp-prep, removed once written."""
-    with Parts(args.out, args.source, fingerprint(args), comm, args.resume) as parts:
-        return [write_split(args.out, s, opts, comm, parts) for s in sources]
+    with Parts(args.out, args.source, inputs.fingerprint(), comm, args.resume) as parts:
+        return [write_split(args.out, s, inputs.opts, comm, parts) for s in inputs.sources]
 
 
 def _summary(args: argparse.Namespace, sources: list[src.Source], written: list[str],

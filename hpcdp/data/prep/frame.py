@@ -17,6 +17,7 @@ writes, the options every recipe shares).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from hpcdp import __version__
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES
 from hpcdp.runtime import hvd_settings
@@ -311,6 +313,21 @@ class PartLayout:
     totals: dict[str, int]  # array -> rows in the file
 
 
+def root_attrs(schema: dict[str, Any], num_samples: int, source: str, split: str,
+               params: dict[str, Any], seed: int | None = None,
+               more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The root attributes of a prepared file, in this order: what it holds (`schema`: each
+    dataset's shape and dtype), its rows, the recipe (`source`) and split, the seed where
+    the recipe has one, what it was made from (`params`, as ``source_params``) and hpcdp's
+    version; then the recipe's own (`more`)."""
+    attrs: dict[str, Any] = {"schema": json.dumps(schema), "num_samples": num_samples,
+                             "source": source, "split": split}
+    if seed is not None:
+        attrs["seed"] = seed
+    return {**attrs, "source_params": json.dumps(params, sort_keys=True),
+            "hpcdp_version": __version__, **(more or {})}
+
+
 def part_layout(parts: Any, split: str, blocks: range, comm: Any) -> PartLayout:
     """Collective: each array's rows per block all-gathered, their prefix sums in block order
     (so the same file on any number of ranks) and the totals."""
@@ -420,6 +437,22 @@ def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> 
     if comm.rank == 0:
         print(f"{prog}: {split}: resuming: {done} of {total} blocks already done",
               file=sys.stderr, flush=True)
+
+
+def save_blocks(comm: Any, prog: str, parts: Any, split: str, blocks: Sequence[range],
+                mine: range, what: str, unit: str,
+                read_block: Callable[[int], dict[str, np.ndarray]]) -> None:
+    """Collective: this rank's blocks of `split` (`mine`, of the item ranges `blocks`) as
+    parts, each the arrays ``read_block(i)`` names, those an earlier run saved skipped; one
+    block in memory at a time. Rank 0 reports the items done as ``SPLIT: what`` in `unit`s."""
+    resume_note(comm, prog, parts, split, mine)
+    bar = Progress(comm, f"{split}: {what}", blocks[-1].stop if blocks else 0, unit, prog)
+    for i in mine:
+        resumed = parts.done(split, i)
+        if not resumed:
+            parts.save(split, i, **read_block(i))
+        bar.advance(len(blocks[i]), resumed)
+    bar.close()
 
 
 def add_common_options(parser: argparse.ArgumentParser, blocks: bool = True) -> None:

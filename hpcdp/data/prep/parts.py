@@ -5,22 +5,24 @@ output dataset plus whatever the recipe needs later) before the final files are 
 from the parts in block order (`frame.write_parts`). A part is written under a temporary
 name and renamed, so after a kill (a time limit's SIGTERM, then SIGKILL) it is there whole
 or not at all, and a resumed run redoes only the blocks without one. ``fingerprint.json``
-holds the recipe and every option that changes the output (not the number of ranks, which
-does not): a resumed run with other options is refused, naming them, instead of mixing two
-datasets. Without ``--resume`` an existing work folder is refused too, so a partial output
-is never silently reused. The cost of the design: the output is written twice (parts, then
-the final files), and the work folder needs as much disk as the output until it is removed.
+holds the recipe, the checked inputs that change the output and each input file's size and
+time (`fingerprint`; not the number of ranks, which changes nothing): a resumed run with
+other inputs is refused, naming them, instead of mixing two datasets. Without ``--resume``
+an existing work folder is refused too, so a partial output is never silently reused. The
+cost of the design: the output is written twice (parts, then the final files), and the work
+folder needs as much disk as the output until it is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,33 @@ _STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}")
 
 def work_dir(out_dir: str) -> str:
     return os.path.join(out_dir, WORK_DIR)
+
+
+#: Metadata of a checked input's dataclass field that changes no byte of the output (the
+#: MPI-IO transfer mode): `fingerprint` leaves it out, so that a resume may change it.
+SAME_BYTES = {"same_bytes": True}
+
+
+def fingerprint(*inputs: Any, files: Iterable[str] = ()) -> dict[str, Any]:
+    """What a resumed run must share with the run it continues: `inputs` (dataclasses, their
+    `SAME_BYTES` fields left out, or mappings; JSON values), the checked values the output
+    is made from, merged; and the size and modification time of each of `files` (as
+    ``file PATH``), so that an input changed in between is refused too.
+
+    Never the parsed command line: an option that changes no byte (``--stall-timeout``,
+    ``--resume``, progress) must not block a resume, and a list of such options misses
+    the next one added; a value the output is made from is checked, so it is here.
+    """
+    found: dict[str, Any] = {}
+    for value in inputs:
+        if dataclasses.is_dataclass(value):
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                     if not f.metadata.get("same_bytes")}
+        found.update(value)
+    for path in files:
+        stat = os.stat(path)
+        found[f"file {os.path.realpath(path)}"] = [stat.st_size, stat.st_mtime_ns]
+    return found
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcdp.data.prep import bounded
-from hpcdp.data.prep.clicks.synth import hash_ids
 
 DENSE = 13
 CATEGORICAL = 26
@@ -189,6 +188,17 @@ def convert(lines: Sequence[bytes]) -> Rows:
 def dense_features(counts: np.ndarray) -> np.ndarray:
     """log(1 + max(count, 0)) as float32 (empty counts were read as 0)."""
     return np.log1p(np.maximum(counts, 0).astype(np.float64)).astype(np.float32)
+
+
+def hash_ids(ids: np.ndarray, salt: int | Sequence[int], size: int) -> np.ndarray:
+    """A fixed pseudo-random map of ids into [0, size) (splitmix64 finaliser); a sequence of
+    salts, one for each column of `ids`, hashes every column at once."""
+    offsets = [(int(s) * 0x9E3779B97F4A7C15) % 2**64 for s in np.atleast_1d(salt)]
+    z = ids.astype(np.uint64) + np.asarray(offsets, np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(size)).astype(np.int64)
 
 
 def hashed_ids(values: np.ndarray, buckets: int) -> np.ndarray:

@@ -35,17 +35,12 @@ PIECE_BYTES = 4 << 20
 COPY_BYTES = 4 << 20
 
 
-def read_block(path: str, start: int, end: int, name: str, skip_bad: bool) -> cr.Rows:
-    """The rows of the lines beginning in bytes ``[start, end)`` of plain file `path`; a bad
-    line raises `CriteoError` naming `name` (the file the user gave) and its line."""
-    return cr.Rows.concat(list(block_pieces(path, start, end, name, skip_bad)))
-
-
 def block_pieces(path: str, start: int, end: int, name: str, skip_bad: bool,
                  first_line: int | None = None) -> Iterator[cr.Rows]:
-    """`read_block`'s rows a piece of about `PIECE_BYTES` at a time, in line order; lines are
-    numbered from `first_line` at byte 0 when given (a chunk of a gzip file), else counted
-    from the file's start."""
+    """The rows of the lines beginning in bytes ``[start, end)`` of plain file `path`, a piece
+    of about `PIECE_BYTES` at a time, in line order; a bad line raises `CriteoError` naming
+    `name` (the file the user gave) and its line. Lines are numbered from `first_line` at
+    byte 0 when given (a chunk of a gzip file), else counted from the file's start."""
     if end <= start:
         return
     with open(path, "rb") as fh:

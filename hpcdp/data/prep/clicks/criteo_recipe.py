@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep.blocks import plan_blocks, rank_blocks
@@ -56,7 +55,7 @@ from hpcdp.data.prep.clicks import criteo_blocks as cb
 from hpcdp.data.prep.clicks import criteo_schedule as cs
 from hpcdp.data.prep.clicks import criteo_vocab as cv
 from hpcdp.data.prep.frame import PrepError
-from hpcdp.data.prep.parts import Numbered, Parts
+from hpcdp.data.prep.parts import Numbered, Parts, fingerprint
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/criteo.py"
@@ -94,11 +93,12 @@ class Inputs:
     skip_bad: bool
 
     def fingerprint(self) -> dict[str, Any]:
-        """Every option that changes the parts or the files (not the number of ranks)."""
-        files = {s: [[os.path.realpath(p), os.path.getsize(p)] for p in paths]
-                 for s, paths in self.files.items()}
-        return {"files": files, **self.rule.describe(), "block_bytes": self.block_bytes,
-                "skip_bad": self.skip_bad}
+        """Every option that changes the parts or the files (not the number of ranks), and
+        the files of each split, in order, with their sizes and times."""
+        files = {s: [os.path.realpath(p) for p in paths] for s, paths in self.files.items()}
+        return fingerprint({"files": files, **self.rule.describe(),
+                            "block_bytes": self.block_bytes, "skip_bad": self.skip_bad},
+                           files=[p for paths in self.files.values() for p in paths])
 
 
 # -- reading --------------------------------------------------------------------------
@@ -369,13 +369,12 @@ def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skippe
               "label": {"shape": [n], "dtype": "uint8"}}
     params = {"files": inputs.files["train"], "val_files": inputs.files["val"],
               **inputs.rule.describe()}
-    return {"schema": json.dumps(schema), "num_samples": n, "source": "criteo", "split": split,
-            "source_params": json.dumps(params, sort_keys=True), "hpcdp_version": __version__,
-            "table_sizes": np.asarray(sizes, np.int64),
-            "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
-            "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
-            "dense_rule": "log(1 + max(count, 0)); empty as 0",
-            "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()}
+    return prep_run.root_attrs(schema, n, "criteo", split, params, more={
+        "table_sizes": np.asarray(sizes, np.int64),
+        "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
+        "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
+        "dense_rule": "log(1 + max(count, 0)); empty as 0",
+        "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()})
 
 
 def split_totals(split: str, blocks: Numbered, comm: Any) -> tuple[int, int, int]:

@@ -40,7 +40,7 @@ from typing import IO
 import numpy as np
 
 from hpcdp.data.prep.clicks import criteo as cr
-from hpcdp.data.prep.clicks.synth import hash_ids, sigmoid, zipf_cdf, zipf_draw
+from hpcdp.data.prep.clicks.synth import sigmoid, zipf_cdf, zipf_draw
 
 #: Rows generated from one seeded stream (fixed: the data never depends on how it is cut).
 BLOCK = 1 << 15
@@ -99,7 +99,7 @@ class CriteoSynth:
         ids[:, 1] = zipf_draw(rng, self.item_cdf, n)
         ids[:, 2] = rng.integers(0, CONTEXT_VALUES, n)
         for j in SIDE:
-            ids[:, j] = hash_ids(ids[:, j % 2], j, 20 + 40 * j)
+            ids[:, j] = cr.hash_ids(ids[:, j % 2], j, 20 + 40 * j)
         for k, cdf in enumerate(self.noise_cdfs):
             ids[:, 13 + k] = zipf_draw(rng, cdf, n)
         features = cr.dense_features(np.where(dense_empty, 0, counts)).astype(np.float64)
@@ -117,7 +117,7 @@ class CriteoSynth:
         label = (rng.random(n) < prob).astype(np.uint8)
         cat_empty = rng.random((n, cr.CATEGORICAL)) < self.spec.empty_rate
         cat_empty[:, :3] = False  # the user, the item and the context always known
-        values = np.stack([hash_ids(ids[:, j], 1000 + j, 2**32) for j in range(cr.CATEGORICAL)],
+        values = np.stack([cr.hash_ids(ids[:, j], 1000 + j, 2**32) for j in range(cr.CATEGORICAL)],
                           axis=1)
         text = format_lines(label, counts, dense_empty, values, cat_empty)
         lines = text.splitlines(keepends=True)
@@ -195,7 +195,7 @@ def scale_block(spec: ScaleSpec, split: str, k: int, n: int) -> bytes:
     u = rng.random((n, cr.CATEGORICAL))
     sizes = np.asarray(spec.cardinalities, np.float64) + 1
     picks = (np.floor(sizes ** u) - 1).astype(np.int64)
-    values = np.stack([hash_ids(picks[:, j], 3000 + j, 2**32) for j in range(cr.CATEGORICAL)],
+    values = np.stack([cr.hash_ids(picks[:, j], 3000 + j, 2**32) for j in range(cr.CATEGORICAL)],
                       axis=1)
     label = (rng.random(n) < spec.click_rate).astype(np.uint8)
     return format_lines(label, counts, rng.random((n, cr.DENSE)) < spec.empty_rate,

@@ -33,12 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.data.format import samples
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.clicks import synth as ck
-from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import Parts, fingerprint
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "hpcdp prep clicks"
@@ -59,19 +58,12 @@ def split_attrs(world: ck.ClickWorld, split: str, n: int) -> dict[str, Any]:
     schema = {"dense": {"shape": [n, ck.DENSE_FEATURES], "dtype": "float32"},
               "sparse": {"shape": [n, len(sizes)], "dtype": "int32"},
               "label": {"shape": [n], "dtype": "uint8"}}
-    return {
-        "schema": json.dumps(schema),
-        "num_samples": n,
-        "source": "clicks",
-        "split": split,
-        "seed": world.spec.seed,
-        "source_params": json.dumps(world.spec.params(), sort_keys=True),
-        "hpcdp_version": __version__,
+    return frame.root_attrs(schema, n, "clicks", split, world.spec.params(), world.spec.seed, {
         "table_sizes": np.asarray(sizes, np.int64),
         "field_names": json.dumps(ck.field_names()),
         "dense_features": ck.DENSE_FEATURES,
         "offset": world.offset,
-    }
+    })
 
 
 def _create(f: Any, world: ck.ClickWorld, split: str, n: int, chunk: int,
@@ -86,20 +78,12 @@ def _create(f: Any, world: ck.ClickWorld, split: str, n: int, chunk: int,
     return dsets
 
 
-def save_blocks(world: ck.ClickWorld, split: str, blocks: list[range], mine: range,
-                parts: Parts, comm: Any) -> None:
-    """Collective: this rank's blocks of rows as parts (those an earlier run did not save);
-    validation parts keep the true probabilities and popularity, for the reference AUCs."""
-    frame.resume_note(comm, PROG, parts, split, mine)
-    bar = frame.Progress(comm, f"{split}: rows", blocks[-1].stop if blocks else 0, "rows", PROG)
-    for i in mine:
-        resumed = parts.done(split, i)
-        if not resumed:
-            rows = world.rows(split, blocks[i].start, blocks[i].stop)
-            extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
-            parts.save(split, i, dense=rows.dense, sparse=rows.sparse, label=rows.label, **extra)
-        bar.advance(len(blocks[i]), resumed)
-    bar.close()
+def read_block(world: ck.ClickWorld, split: str, block: range) -> dict[str, np.ndarray]:
+    """A block's rows as a part's arrays; validation parts keep the true probabilities and
+    popularity, for the reference AUCs."""
+    rows = world.rows(split, block.start, block.stop)
+    extra = {"prob": rows.prob, "popularity": rows.popularity} if split == "val" else {}
+    return {"dense": rows.dense, "sparse": rows.sparse, "label": rows.label, **extra}
 
 
 def computed_attrs(split: str, n: int, parts: Parts, mine: range, n_blocks: int, comm: Any
@@ -127,7 +111,8 @@ def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any, p
     chunk = samples.chunk_rows(ROW_BYTES, n, chunk_bytes)
     blocks = plan_items(n, items_per_block(ROW_BYTES, block_bytes, n, unit=chunk))
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
-    save_blocks(world, split, blocks, mine, parts, comm)
+    frame.save_blocks(comm, PROG, parts, split, blocks, mine, "rows", "rows",
+                      lambda i: read_block(world, split, blocks[i]))
     attrs = computed_attrs(split, n, parts, mine, len(blocks), comm)
     bar = frame.Progress(comm, f"{split}: file", n, "rows", PROG)
     frame.write_parts(final, parts, split, mine,
@@ -187,7 +172,8 @@ def _check(args: argparse.Namespace, comm: Any) -> tuple[ck.ClickSpec, dict[str,
 def _write(args: argparse.Namespace, spec: ck.ClickSpec, splits: dict[str, int], comm: Any
            ) -> list[str]:
     world = ck.ClickWorld(spec).calibrate()
-    options = {"spec": spec.params(), "chunk_mib": args.chunk_mib, "block_mib": args.block_mib}
+    options = fingerprint(spec.params(),
+                          {"chunk_mib": args.chunk_mib, "block_mib": args.block_mib})
     with Parts(args.out, "clicks", options, comm, args.resume) as parts:
         return [write_split(args.out, world, name, n, comm, parts, int(args.chunk_mib * 2**20),
                             args.mpio == "collective", frame.block_bytes(args.block_mib))

@@ -21,12 +21,13 @@ any number of writers, each asking for its own row range, produce the same file.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any
 
 import numpy as np
+
+from hpcdp.data.prep.clicks.criteo import hash_ids
 
 #: Rows generated together from one seeded stream (fixed, so data never depends on slabs).
 GEN_ROWS = 8192
@@ -123,17 +124,6 @@ def zipf_draw(rng: np.random.Generator, cdf: np.ndarray, size: int) -> np.ndarra
     """`size` ids drawn with the popularity `cdf` (inverse-CDF sampling)."""
     ids = np.searchsorted(cdf, rng.random(size), side="right")
     return np.minimum(ids, len(cdf) - 1).astype(np.int64)
-
-
-def hash_ids(ids: np.ndarray, salt: int | Sequence[int], size: int) -> np.ndarray:
-    """A fixed pseudo-random map of ids into [0, size) (splitmix64 finaliser); a sequence of
-    salts, one for each column of `ids`, hashes every column at once."""
-    offsets = [(int(s) * 0x9E3779B97F4A7C15) % 2**64 for s in np.atleast_1d(salt)]
-    z = ids.astype(np.uint64) + np.asarray(offsets, np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (z % np.uint64(size)).astype(np.int64)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ inside the root are followed; a folder reached a second time (a link to a class
 or to a folder already read, a loop) is skipped and counted, as is a broken link.
 A file with an image name that is not a regular file (a FIFO, a device) is kept
 as a sample here and refused by `decode`, unopened, like any undecodable file.
-Names are shown with non-UTF-8 bytes escaped (`decode.shown`).
+Names are shown with non-UTF-8 bytes escaped (`bounded.shown`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpcdp.data.format.image_decode import EXTENSIONS
+from hpcdp.data.prep.bounded import shown
 from hpcdp.data.prep.frame import PrepError
-from hpcdp.data.prep.images.decode import EXTENSIONS, shown
 
 #: Links leading outside the root named in the error at most (the count is always given).
 SHOW_OUTSIDE = 10
@@ -274,17 +275,3 @@ def _scan_one(root: str, val_fraction: float, seed: int,
         splits["train"] += _entries(train, i)
         splits["val"] += _entries(val, i)
     return splits, classes
-
-
-def byte_ranges(nbytes: Sequence[int], size: int) -> list[tuple[int, int]]:
-    """Each rank's contiguous range of files ``[lo, hi)``, cut where the running total of
-    bytes crosses ``r * total / size``: about equal bytes to decode per rank."""
-    ends = np.cumsum(np.asarray(nbytes, dtype=np.int64))
-    total = int(ends[-1]) if len(ends) else 0
-    starts = ends - np.asarray(nbytes, dtype=np.int64)
-    # File i goes to the rank whose share holds its first byte.
-    owner = (starts * size // max(1, total)).astype(np.int64) if total else np.zeros(
-        len(nbytes), np.int64)
-    cuts = np.searchsorted(owner, np.arange(size + 1), side="left")
-    cuts[-1] = len(nbytes)
-    return [(int(cuts[r]), int(cuts[r + 1])) for r in range(size)]

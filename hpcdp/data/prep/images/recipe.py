@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcdp.cliargs import parse_args
+from hpcdp.data.format.image_decode import FITS, MAX_PIXELS
 from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.frame import (
@@ -44,9 +45,9 @@ from hpcdp.data.prep.frame import (
 )
 from hpcdp.data.prep.images import folder, shards
 from hpcdp.data.prep.images import write as iw
-from hpcdp.data.prep.images.decode import FITS, MAX_PIXELS
 from hpcdp.data.prep.images.stats import channel_stats
 from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import fingerprint as made_from
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/images.py"
@@ -150,10 +151,10 @@ def fingerprint(args: argparse.Namespace, layout: folder.Layout) -> dict[str, An
     for name, entries in layout.splits.items():
         for e in entries:
             listing.update(os.fsencode(f"{name}\0{e.path}\0{e.label}\0{e.nbytes}\n"))
-    return {"root": os.path.abspath(args.root), "input": input_kind(args), "size": args.size,
-            "fit": args.fit, "val_fraction": args.val_fraction, "seed": args.seed,
-            "skip_bad": args.skip_bad, "block_bytes": _block_bytes(args),
-            "files_sha256": listing.hexdigest()}
+    return made_from({"root": os.path.abspath(args.root), "input": input_kind(args),
+                      "size": args.size, "fit": args.fit, "val_fraction": args.val_fraction,
+                      "seed": args.seed, "skip_bad": args.skip_bad,
+                      "block_bytes": _block_bytes(args), "files_sha256": listing.hexdigest()})
 
 
 def _block_bytes(args: argparse.Namespace) -> int:

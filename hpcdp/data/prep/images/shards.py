@@ -30,8 +30,8 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hpcdp.data.prep.bounded import shown
 from hpcdp.data.prep.images import folder
-from hpcdp.data.prep.images.decode import shown
 from hpcdp.data.prep.images.folder import FolderError, Layout
 
 #: The largest image member read (a photo is far smaller; a bomb of bytes is refused).

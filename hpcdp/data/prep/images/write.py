@@ -22,10 +22,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from hpcdp import __version__
 from hpcdp.data.format import samples
-from hpcdp.data.prep.frame import write_parts
-from hpcdp.data.prep.images.decode import MAX_PIXELS, DecodeError, decode
+from hpcdp.data.format.image_decode import MAX_PIXELS, DecodeError, decode
+from hpcdp.data.prep.frame import root_attrs, write_parts
 from hpcdp.data.prep.images.shards import Member
 from hpcdp.data.prep.images.stats import integer_sums
 
@@ -125,19 +124,9 @@ def file_attrs(split: str, num_samples: int, size: int, classes: list[str],
                bad_skipped: int, seed: int) -> dict[str, Any]:
     schema = {"x": {"shape": [num_samples, 3, size, size], "dtype": "uint8"},
               "y": {"shape": [num_samples], "dtype": "int64"}}
-    return {
-        "schema": json.dumps(schema),
-        "num_samples": num_samples,
-        "source": params.get("source", "images"),
-        "split": split,
-        "seed": seed,
-        "source_params": json.dumps(params, sort_keys=True),
-        "classes": json.dumps(classes),
-        "mean": np.asarray(mean, np.float64),
-        "std": np.asarray(std, np.float64),
-        "bad_files_skipped": bad_skipped,
-        "hpcdp_version": __version__,
-    }
+    return root_attrs(schema, num_samples, params.get("source", "images"), split, params, seed,
+                      {"classes": json.dumps(classes), "mean": np.asarray(mean, np.float64),
+                       "std": np.asarray(std, np.float64), "bad_files_skipped": bad_skipped})
 
 
 def write_split(path: str, parts: Any, mine: range, meta: SplitFile, comm: Any) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import items_per_block, plan_items, rank_blocks
-from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import Parts, fingerprint
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.markov import MarkovChain
@@ -58,11 +58,17 @@ def _chain(args: argparse.Namespace) -> MarkovChain:
         raise tw.TokenPrepError(f"--symbols/--successors/--end-prob: {exc}") from exc
 
 
+def _params(chain: MarkovChain, args: argparse.Namespace) -> dict[str, Any]:
+    """What the corpus is made from: the files' ``source_params``, and with the block size
+    what a resumed run must share with the run it continues."""
+    return {"symbols": chain.symbols, "successors": args.successors,
+            "end_prob": chain.end_prob, "seed": args.seed, "docs": args.docs,
+            "val_docs": args.val_docs}
+
+
 def _meta(chain: MarkovChain, args: argparse.Namespace, split: str, h: float
           ) -> tk.TokenMeta:
-    params = {"symbols": chain.symbols, "successors": args.successors,
-              "end_prob": chain.end_prob, "seed": args.seed, "docs": args.docs,
-              "val_docs": args.val_docs}
+    params = _params(chain, args)
     return tk.TokenMeta(vocab_size=chain.vocab_size, eod_id=chain.eod,
                         tokenizer=f"markov-{chain.symbols}",
                         tokenizer_sha256=_identity_sha(chain.symbols),
@@ -91,32 +97,28 @@ def docs_per_block(chain: MarkovChain, block_bytes: int, count: int, dtype: np.d
 
 
 def draw_block(chain: MarkovChain, seed: int, split_id: int, docs: range, dtype: np.dtype
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens of documents `docs` (in the file's dtype) and each one's end within them,
-    drawn a generator batch at a time: only the block's tokens are ever held whole."""
+               ) -> dict[str, np.ndarray]:
+    """A block's part: the tokens of documents `docs` (in the file's dtype) and each one's
+    end within them, drawn a generator batch at a time: only the block's tokens are ever
+    held whole."""
     tokens, lengths = [], []
     for lo in range(docs.start, docs.stop, mk.DOCS_PER_BLOCK):
         drawn = mk.sample_documents(chain, seed, split_id, lo,
                                     min(docs.stop, lo + mk.DOCS_PER_BLOCK))
         lengths.append(np.array([len(d) for d in drawn], np.int64))
         tokens.append(np.concatenate(drawn).astype(dtype))
-    return np.concatenate(tokens), np.cumsum(np.concatenate(lengths))
+    return {"tokens": np.concatenate(tokens), "doc_offsets": np.cumsum(np.concatenate(lengths))}
 
 
-def save_blocks(chain: MarkovChain, args: argparse.Namespace, split_id: int, split: str,
-                blocks: list[range], mine: range, dtype: np.dtype, parts: Parts,
-                comm: Any) -> None:
-    """Collective: this rank's blocks of documents as parts (tokens, and each document's end
-    within the block's tokens), those an earlier run saved skipped."""
-    frame.resume_note(comm, PROG, parts, split, mine)
-    bar = frame.Progress(comm, f"{split}: documents", blocks[-1].stop, "docs", PROG)
-    for i in mine:
-        resumed = parts.done(split, i)
-        if not resumed:
-            tokens, ends = draw_block(chain, args.seed, split_id, blocks[i], dtype)
-            parts.save(split, i, tokens=tokens, doc_offsets=ends)
-        bar.advance(len(blocks[i]), resumed)
-    bar.close()
+def save_split(chain: MarkovChain, seed: int, split_id: int, split: str, count: int,
+               dtype: np.dtype, block_bytes: int, parts: Parts, comm: Any) -> range:
+    """Collective: `split`'s `count` documents cut into blocks, this rank's saved as parts;
+    this rank's blocks."""
+    blocks = plan_items(count, docs_per_block(chain, block_bytes, count, dtype))
+    mine = rank_blocks(len(blocks), comm.rank, comm.size)
+    frame.save_blocks(comm, PROG, parts, split, blocks, mine, "documents", "docs",
+                      lambda i: draw_block(chain, seed, split_id, blocks[i], dtype))
+    return mine
 
 
 def write_split(out: str, split: str, meta: tk.TokenMeta, parts: Parts, mine: range,
@@ -148,15 +150,14 @@ def _write(args: argparse.Namespace, chain: MarkovChain, comm: Any
     from them. The paths, and the chain's entropy rate."""
     h = mk.entropy_rate(chain)
     written = []
-    options = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite", "resume")}
-    with Parts(args.out, "markov", options, comm, args.resume) as parts:
+    made_from = fingerprint(_params(chain, args),
+                            {"block_bytes": frame.block_bytes(args.block_mib)})
+    with Parts(args.out, "markov", made_from, comm, args.resume) as parts:
         for split_id, (split, count) in enumerate((("train", args.docs),
                                                    ("val", args.val_docs))):
             meta = _meta(chain, args, split, h)
-            blocks = plan_items(count, docs_per_block(chain, frame.block_bytes(args.block_mib),
-                                                      count, meta.dtype))
-            mine = rank_blocks(len(blocks), comm.rank, comm.size)
-            save_blocks(chain, args, split_id, split, blocks, mine, meta.dtype, parts, comm)
+            mine = save_split(chain, args.seed, split_id, split, count, meta.dtype,
+                              frame.block_bytes(args.block_mib), parts, comm)
             written.append(write_split(args.out, split, meta, parts, mine, comm))
     return written, h
 

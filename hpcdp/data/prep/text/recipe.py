@@ -46,6 +46,7 @@ from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.parts import fingerprint as made_from
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import tokenizer as tz
@@ -227,15 +228,15 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
 
 
 def fingerprint(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
-    """Everything that changes the parts: the files as listed, the options, the block size."""
-    listed = [[p, n, int(os.path.getmtime(p))] for p, n in zip(corpus.paths, corpus.sizes)]
+    """Everything that changes the parts: the files as listed (with their sizes and times),
+    the options, the block size."""
     tokenizer = (args.tokenizer if args.tokenizer in ("bytes", "bpe")
                  else tk.file_sha256(args.tokenizer))
-    return {"files": listed, "lines": args.lines, "field": args.field,
-            "val_fraction": args.val_fraction, "tokenizer": tokenizer,
-            "vocab_size": args.vocab_size, "eod_token": args.eod_token,
-            "bpe_sample_bytes": args.bpe_sample_bytes,
-            "block_bytes": corpus_block_bytes(args, corpus)}
+    return made_from({"files": list(corpus.paths), "lines": args.lines, "field": args.field,
+                      "val_fraction": args.val_fraction, "tokenizer": tokenizer,
+                      "vocab_size": args.vocab_size, "eod_token": args.eod_token,
+                      "bpe_sample_bytes": args.bpe_sample_bytes,
+                      "block_bytes": corpus_block_bytes(args, corpus)}, files=corpus.paths)
 
 
 def _block_bytes(args: argparse.Namespace) -> int:

@@ -48,6 +48,8 @@ from typing import IO
 import numpy as np
 from PIL import Image, ImageOps
 
+from hpcdp.data.prep.bounded import shown
+
 FITS = ("crop", "stretch", "pad")
 
 #: An image file's suffix (any case) -> the one Pillow format its content must be.
@@ -69,12 +71,6 @@ _SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"BM",
 
 class DecodeError(ValueError):
     """A file Pillow cannot read as an image; the message names it."""
-
-
-def shown(path: str) -> str:
-    """`path` printable on any UTF-8 stream: bytes that are not UTF-8 (a file name
-    from another system, held as surrogates) become backslash escapes."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def format_of_name(name: str) -> str | None:
