@@ -4,10 +4,11 @@
     hpcdp report runs/<name>/metrics.jsonl -o time.png
 
 Read from the run's metrics.jsonl (hpcdp.train.time_split), after the fact or while it
-trains. One bar per rank, stacked by phase: the rank's own time (data wait, forward and
-backward, the optimizer, checkpoints, the rest of the loop) above, and below it its
-waits in collectives (the gradients' all-reduce wait): a straggler is the tallest bar
-above and the shortest below. A log line per rank gives the same numbers.
+trains. One bar per rank on one scale, stacked by phase: the rank's own time (data
+wait, forward and backward, the optimizer, checkpoints, the rest of the loop) above the
+zero line, its waits in collectives (the gradients' all-reduce wait) below it: a
+straggler is the tallest bar above and the shortest below. A line per rank printed
+gives the same numbers.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from hpcdp.cliargs import parse_args
 from hpcdp.train.reporting import read_jsonl
@@ -30,24 +33,34 @@ COLORS = {"data": "tab:orange", "compute": "tab:blue", "optimizer": "tab:green",
 
 
 def draw(times: RankTimes, title: str) -> Figure:
-    """The figure: own time stacked per rank (top axes), the waits (bottom axes)."""
-    fig = Figure(figsize=(max(5.0, 1.2 + 0.6 * times.ranks), 6.0), layout="constrained")
-    own, wait = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    """The figure, on one scale: each rank's own time stacked up from zero, its waits in
+    collectives down from it."""
+    fig = Figure(figsize=(max(6.0, 3.4 + 0.6 * times.ranks), 5.0), layout="constrained")
+    ax = fig.subplots()
     ranks = list(range(times.ranks))
     bottom = [0.0] * times.ranks
     for phase in OWN_PHASES:
-        own.bar(ranks, times.seconds[phase], bottom=bottom, color=COLORS[phase],
-                label=LABELS[phase])
+        ax.bar(ranks, times.seconds[phase], bottom=bottom, color=COLORS[phase],
+               label=LABELS[phase])
         bottom = [b + s for b, s in zip(bottom, times.seconds[phase])]
-    own.set_ylabel("own time (s)")
-    own.set_title(title)
-    own.legend(loc="upper left", fontsize="small")
-    wait.bar(ranks, times.seconds[WAIT_PHASE], color=COLORS[WAIT_PHASE],
-             label=LABELS[WAIT_PHASE])
-    wait.set_ylabel("waiting (s)")
-    wait.legend(loc="upper left", fontsize="small")
-    wait.set_xticks(ranks, [f"rank {r}" for r in ranks])
+    ax.bar(ranks, [-s for s in times.seconds[WAIT_PHASE]], color=COLORS[WAIT_PHASE],
+           hatch="//", label=LABELS[WAIT_PHASE] + " (below 0)")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{abs(v):g}"))
+    ax.set_ylabel("seconds: own time above 0, waiting below")
+    ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_title(title, fontsize="medium")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
+
+
+def bars(ax: Any) -> tuple[list[float], list[float]]:
+    """Read the drawn bars back from the Axes: each rank's top above zero and depth below
+    it (what the picture shows, for tests and for checking a picture by its data)."""
+    columns = list(zip(*ax.containers))  # one tuple of bars (a segment per phase) per rank
+    tops = [max(b.get_y() + b.get_height() for b in col) for col in columns]
+    depths = [-min(b.get_y() + min(b.get_height(), 0.0) for b in col) for col in columns]
+    return tops, depths
 
 
 def text(times: RankTimes) -> str:
