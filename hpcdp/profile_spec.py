@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass
 
 KEY = "run.profile"
-#: The most steps one profile may cover: a trace of a few hundred operators per step is
-#: tens of KB per step on a CPU, a GPU step with thousands of kernels a few MB.
+#: The most steps one profile may cover. A trace grows with the operators each step runs:
+#: about 85 KB a step for the tests' small CNN on a CPU (docs/profiling.md); a GPU step
+#: records its kernels too, many more events.
 MAX_STEPS = 10
 FLAGS = ("shapes", "stacks")
 
