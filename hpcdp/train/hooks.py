@@ -46,7 +46,8 @@ class Hooks:
                                            cfg.run.device)
 
     def before_step(self, step: int) -> bool:
-        """The watchdog's beat, then any armed fault; True if this step's loss must be NaN."""
+        """The watchdog's beat, the profiler's step boundary (run.profile), then any armed
+        fault; True if this step's loss must be NaN."""
         watchdog.beat(step)
         if self.profiler is not None:
             self.profiler.before_step(step)
