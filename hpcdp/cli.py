@@ -31,6 +31,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                "write a trained model as model.safetensors + config.json (+ tokenizer)"),
     "generate": ("hpcdp.export.generate", "sample text or token ids from a trained GPT"),
     "predict": ("hpcdp.export.predict", "top classes of image files under an exported model"),
+    "report": ("hpcdp.train.report_command",
+               "draw where each rank's time went (PNG) from a run's metrics.jsonl"),
     "checkpoint": ("hpcdp.train.checkpoint_files",
                    "convert a checkpoint from before safe loading, once"),
 }

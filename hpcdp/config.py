@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpcdp import references
+from hpcdp import profile_spec, references
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +45,9 @@ class RunConfig:
     epochs: int = 1  # passes over the training data
     max_steps: int = 0  # stop after this many optimizer steps in total; 0: no limit
     stop_at_step: int = 0  # test hook: checkpoint and stop at this step as if preempted; 0: off
+    # Per-rank torch.profiler traces of chosen steps into <run dir>/profiles (docs/profiling.md):
+    # "steps=20-25" (at most 10 steps), optionally "ranks=0,1" and "stacks", "shapes"; "": off
+    profile: str = ""
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU; uses a GradScaler)
     device: str = "auto"  # auto | cpu | cuda
     # auto: on CPUs, where the launcher leaves the node's ranks sharing one CPU mask
@@ -816,6 +819,10 @@ def _validate_more(cfg: Config) -> None:
     not_empty({"data.train_file": cfg.data.train_file, "data.val_file": cfg.data.val_file,
                "checkpoint.resume": cfg.checkpoint.resume})
     _validate_staging(cfg)
+    try:
+        profile_spec.parse(cfg.run.profile)
+    except profile_spec.ProfileSpecError as e:
+        raise ConfigError(str(e)) from None
     for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline",
                 "data.stage_dir"):
         sec, attr = key.split(".")

@@ -67,11 +67,17 @@ def launcher_rank(env: Mapping[str, str]) -> int | None:
     return None
 
 
+#: The PyTorch releases hpcdp supports, oldest and newest minor release: the floor is
+#: pyproject.toml's (`torch>=2.6`, the first safe `torch.load`), the newest is the release
+#: `make setup` installs and `make test` runs on (scripts/setup-python.sh). docs/install.md
+#: states the same range (tests/unit/test_torch_range.py holds all of them to this value).
+TORCH_RANGE = ((2, 6), (2, 13))
+
 #: The oldest versions under which hpcdp's guarantees hold (pyproject.toml's floors), and
 #: what fails below them.
 FLOORS = {
-    "pytorch": ((2, 6), "below 2.6, torch.load(weights_only=True) can be made to run code "
-                        "(CVE-2025-32434): checkpoints are not safe to load"),
+    "pytorch": (TORCH_RANGE[0], "below 2.6, torch.load(weights_only=True) can be made to "
+                                "run code (CVE-2025-32434): checkpoints are not safe to load"),
     "pillow": ((12, 3), "older Pillow has image-decoder vulnerabilities fixed up to 12.3: "
                         "image preparation and hpcdp predict are not safe on untrusted files"),
 }
@@ -97,6 +103,18 @@ def floor_check(name: str, version: str, detail: str) -> Check:
         return Check(OK, name, detail)
     need = ".".join(map(str, floor))
     return Check(FAIL, name, f"{version} is below {need}: {why}; install {name} >= {need}")
+
+
+def torch_range_check(version: str, detail: str) -> Check:
+    """The torch floor (FAIL below it, `floor_check`), then WARN above the newest minor
+    release of TORCH_RANGE: it may well work, but no test of hpcdp has run on it."""
+    check = floor_check("pytorch", version, detail)
+    if check.status == FAIL or version_tuple(version)[:2] <= TORCH_RANGE[1]:
+        return check
+    low, high = (".".join(map(str, v)) for v in TORCH_RANGE)
+    return Check(WARN, "pytorch", f"{detail}: newer than the supported range {low} to {high}.x "
+                 f"(docs/install.md); hpcdp's tests have not run on it: install "
+                 f"torch=={high}.* to be on tested ground")
 
 
 def check_pillow() -> list[Check]:
@@ -149,8 +167,8 @@ def check_torch() -> list[Check]:
         import torch
     except Exception as exc:  # noqa: BLE001 - report any import failure
         return [Check(FAIL, "pytorch", f"cannot import torch: {exc}")]
-    checks = [floor_check("pytorch", torch.__version__,
-                          f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")]
+    checks = [torch_range_check(torch.__version__,
+                                f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")]
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         checks.append(Check(OK, "gpus", f"{len(names)} visible: {', '.join(names)}"))

@@ -226,7 +226,8 @@ def measure(case: Case, mode: str, data: Path, args: argparse.Namespace,
         totals = np.zeros(3)
         t0 = time.perf_counter()
         for step in range(args.steps):
-            totals += train_step(run, feed, run.schedule.lr(0), sums, args.warmup + step)
+            totals += train_step(run, feed, run.schedule.lr(0), sums,
+                                 args.warmup + step).folded()
         wall = time.perf_counter() - t0
         memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         return result(case, mode, run.batch, args.steps, totals, wall, warmup_s,

@@ -91,7 +91,7 @@ class HpcdpSide:
             nan = self.hooks.before_step(self.step)
             times = train_step(run, feed, lr, self.sums, self.step, nan, self.hooks.on_batch)
             self.step += 1
-            self.window.add(*times, run.batch * run.accum)
+            self.window.add(times, run.batch * run.accum)
             if self.step % self.cfg.log.every_steps == 0:
                 self.sums.reduce("train")
                 self.last_window = self.window.summary()

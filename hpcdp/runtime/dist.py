@@ -273,10 +273,11 @@ def allreduce_sum(values: Sequence[float], name: str) -> list[float]:
         return hvd.allreduce(t, op=hvd.Sum, name=name).tolist()
 
 
-def gather_floats(value: float, name: str) -> list[float]:
-    """Collective: one number from every rank, in rank order (per-rank step times, say)."""
+def gather_rows(values: list[float], name: str) -> list[list[float]]:
+    """Collective: an equally long row of numbers from every rank, in rank order."""
     with waiting(f"allgather {name}"):
-        return hvd.allgather(torch.tensor([value], dtype=torch.float64), name=name).tolist()
+        row = torch.tensor([values], dtype=torch.float64)
+        return hvd.allgather(row, name=name).tolist()
 
 
 def start_allreduce_max_int(value: int, name: str) -> Callable[[], int]:

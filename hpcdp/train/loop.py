@@ -31,7 +31,14 @@ from hpcdp.train.checkpoints import CheckpointManager, TrainState, of_run
 from hpcdp.train.evaluate import MetricSums, evaluate
 from hpcdp.train.hooks import Hooks
 from hpcdp.train.numerics import count_parameters
-from hpcdp.train.reporting import Reporter, StepTimes, rank_spread, setup_logging, spread_text
+from hpcdp.train.reporting import (
+    Reporter,
+    StepTimes,
+    rank_fields,
+    rank_spread,
+    setup_logging,
+    spread_text,
+)
 from hpcdp.train.step import train_step
 
 log = logging.getLogger("hpcdp.train")
@@ -136,7 +143,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
             nan = hooks.before_step(state.step)
             times = train_step(run, it, lr, sums, state.step, nan, hooks.on_batch)
             state.advance(run.global_batch)
-            window.add(*times, run.batch * run.accum)
+            window.add(times, run.batch * run.accum)
             out.samples += run.batch * run.accum
             rep.advance(1)
             if state.step % cfg.log.every_steps == 0 or state.step == run.total_steps:
@@ -148,7 +155,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
             if ckpts.due(state.step, run.total_steps, out.stop is not None):
                 t0 = time.perf_counter()
                 save(ckpts, run, state, rep, sums)                # collective: hpcdp.rng, save
-                out.excluded += window.exclude(time.perf_counter() - t0)
+                out.excluded += window.exclude(time.perf_counter() - t0, checkpoint=True)
             if out.stop:
                 break
         if hasattr(it, "close"):
@@ -221,10 +228,12 @@ def report_window(run: setup.Run, rep: Reporter, window: StepTimes, sums: Metric
     times["samples_per_s"] *= run.size  # every rank processes the same number of samples
     rates = run.task.rates(run.cfg, run.model, times["samples_per_s"], run.size,
                            run.device)
-    spread = (rank_spread(dist.gather_floats(times["busy_ms"], "hpcdp.busy"))  # collective
-              if run.size > 1 else {})
+    mine = [times["busy_ms"], *window.phase_seconds()]  # for stragglers and `hpcdp report`
+    rows = dist.gather_rows(mine, "hpcdp.busy") if run.size > 1 else [mine]  # collective
+    spread = rank_spread([row[0] for row in rows]) if run.size > 1 else {}
     sent = traffic.window(run)  # bytes handed to the gradient all-reduces (PowerSGD)
-    record = {"epoch": state.epoch, **values, "lr": lr, **times, **rates, **spread, **sent}
+    record = {"epoch": state.epoch, **values, "lr": lr, **times, **rates, **spread, **sent,
+              **rank_fields([row[1:] for row in rows])}
     rep.record("train", state.step, record)
     rep.info(f"step {state.step}/{run.total_steps} epoch {state.epoch} "
              f"{metrics_text(values, list(values))} lr {lr:.4g} | "

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger("hpcdp")
 
@@ -35,6 +35,25 @@ def setup_logging(run_dir: Path | None, active: bool) -> None:
     root.setLevel(logging.INFO if active else logging.WARNING)
 
 
+class StepSplit(NamedTuple):
+    """Where one optimizer step's seconds went on this rank."""
+
+    data: float  # the batch, until it is on the device
+    compute: float  # forward and backward (on a GPU also the wait for its kernels)
+    comm: float  # waits in collectives: the gradients' all-reduce left after backward, ...
+    optimizer: float = 0.0  # the update: unscale, clip, the optimizers' step
+
+    def folded(self) -> tuple[float, float, float]:
+        """(data, compute, comm) as the log lines give them: the update counts as compute."""
+        return self.data, self.compute + self.optimizer, self.comm
+
+
+#: The per-rank window totals each train record carries (`ranks_<phase>_s`, seconds, in
+#: rank order): what `hpcdp report` draws. `other` is the rest of the step's wall time
+#: (the loop between steps, the hooks); checkpoints are outside it.
+RANK_PHASES = ("data", "compute", "comm", "optimizer", "checkpoint", "other")
+
+
 @dataclass
 class StepTimes:
     """Where a window of steps spent its time, and how many samples it processed."""
@@ -42,36 +61,56 @@ class StepTimes:
     data: float = 0.0
     compute: float = 0.0
     comm: float = 0.0
+    optimizer: float = 0.0
+    checkpoint: float = 0.0  # writing checkpoints: left out of the wall time, as validation is
     samples: int = 0
     steps: int = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, data: float, compute: float, comm: float, samples: int) -> None:
-        self.data += data
-        self.compute += compute
-        self.comm += comm
+    def add(self, split: StepSplit, samples: int) -> None:
+        self.data += split.data
+        self.compute += split.compute
+        self.comm += split.comm
+        self.optimizer += split.optimizer
         self.samples += samples
         self.steps += 1
 
-    def exclude(self, seconds: float) -> float:
+    def exclude(self, seconds: float, checkpoint: bool = False) -> float:
         """Leave out time spent outside training steps (validation, checkpoints)."""
         self.started += seconds
+        if checkpoint:
+            self.checkpoint += seconds
         return seconds
+
+    def wall(self) -> float:
+        return max(time.perf_counter() - self.started, 1e-9)
 
     def summary(self) -> dict[str, float]:
         """Per-step averages in ms and throughput over the window's wall time."""
-        wall = max(time.perf_counter() - self.started, 1e-9)
+        wall = self.wall()
         n = max(self.steps, 1)
         return {
             "samples_per_s": self.samples / wall,
             "step_ms": 1000 * wall / n,
             "data_ms": 1000 * self.data / n,
-            "compute_ms": 1000 * self.compute / n,
+            "compute_ms": 1000 * (self.compute + self.optimizer) / n,
+            "optimizer_ms": 1000 * self.optimizer / n,
             "comm_ms": 1000 * self.comm / n,
             # The rank's own share of a step: all but its waits in collectives. Step
             # times are alike on every rank (each waits for the slowest); this is not.
             "busy_ms": 1000 * max(wall - self.comm, 0.0) / n,
         }
+
+    def phase_seconds(self) -> list[float]:
+        """This rank's window totals in RANK_PHASES order (seconds; pure but for the clock)."""
+        wall = self.wall()
+        other = max(wall - self.data - self.compute - self.comm - self.optimizer, 0.0)
+        return [self.data, self.compute, self.comm, self.optimizer, self.checkpoint, other]
+
+
+def rank_fields(rows: list[list[float]]) -> dict[str, list[float]]:
+    """Every rank's phase_seconds (in rank order) -> the train record's per-rank lists."""
+    return {f"ranks_{phase}_s": [row[i] for row in rows] for i, phase in enumerate(RANK_PHASES)}
 
 
 def rank_spread(values: list[float]) -> dict[str, float]:

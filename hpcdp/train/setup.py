@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcdp import profile_spec
 from hpcdp.config import Config, ConfigError
 from hpcdp.data.read.protocol import TrainingReader, ValidationReader
 from hpcdp.runtime.grad_buckets import bucketed
@@ -118,6 +119,9 @@ def check_runtime(cfg: Config, device: torch.device, size: int) -> None:
     if cfg.model.sync_bn and size > 1 and device.type != "cuda":
         raise ConfigError("model.sync_bn=true needs GPUs: Horovod's SyncBatchNorm "
                           "takes CUDA tensors only")
+    error = profile_spec.ranks_error(profile_spec.parse(cfg.run.profile), size)
+    if error:
+        raise ConfigError(error)
 
 
 def check_kinds(path: Path, wanted: list[Dataset]) -> None:

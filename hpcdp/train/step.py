@@ -21,6 +21,7 @@ from hpcdp.train import schedule as sched
 from hpcdp.train.accel import to_layout
 from hpcdp.train.evaluate import MetricSums
 from hpcdp.train.numerics import autocast, finite, nonfinite, parameters
+from hpcdp.train.reporting import StepSplit
 from hpcdp.train.setup import Run
 
 log = logging.getLogger("hpcdp.train")
@@ -44,8 +45,8 @@ def forward_backward(run: Run, inputs: Any, targets: Any, sums: MetricSums, nan:
 
 
 def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: int,
-               nan: bool = False, on_batch: OnBatch | None = None) -> tuple[float, float, float]:
-    """One optimizer step over `accum` batches; returns (data, compute, comm) seconds.
+               nan: bool = False, on_batch: OnBatch | None = None) -> StepSplit:
+    """One optimizer step over `accum` batches; returns where its seconds went.
 
     Horovod all-reduces gradients during backward; `synchronize()` waits for what
     did not overlap (counted as communication), then the step runs without a
@@ -80,7 +81,7 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
             raise nonfinite(step, run.cfg, "weights after an Adasum step", can_skip=False)
         if agree_stats:
             agree_stats()
-        return t_data, t_compute, time.perf_counter() - t2
+        return StepSplit(t_data, t_compute, time.perf_counter() - t2)
     if run.size > 1:  # one rank's optimizers are unwrapped (setup.distributed)
         for opt in run.optimizers:
             opt.synchronize()
@@ -93,7 +94,7 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
     t5 = time.perf_counter()
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
-    return t_data, t_compute + t4 - t3 + time.perf_counter() - t5, t3 - t2 + t5 - t4
+    return StepSplit(t_data, t_compute + time.perf_counter() - t5, t3 - t2 + t5 - t4, t4 - t3)
 
 
 def update(run: Run, step: int) -> None:

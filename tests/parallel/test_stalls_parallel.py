@@ -9,7 +9,9 @@ periodic log, and the job finishes.
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from hpcdp.runtime.stall import PREFIX
+from hpcdp.train import profiling, report_command
 from hpcdp.train.reporting import read_jsonl
+from hpcdp.train.time_split import rank_times
 
 pytestmark = pytest.mark.parallel
 
@@ -77,9 +81,11 @@ def test_stalled_rank_is_named_and_the_job_ends(args, ranks, data: Path, tmp_pat
 
 def test_straggler_shows_in_the_log_and_the_job_finishes(args, ranks, data: Path,
                                                           tmp_path: Path) -> None:
+    """The same run also records both ranks' profiles of two steps (docs/profiling.md), and
+    `hpcdp report`'s picture of where each rank's time went shows rank 1 tallest."""
     run_dir = tmp_path / "run"
-    out = ranks(args(data, run_dir, "run.epochs=2"), np=2, timeout=120,
-                env={"HPCDP_FAULT": "slow:rank=1:factor=3"}).output
+    out = ranks(args(data, run_dir, "run.epochs=2", "run.profile=steps=3-4"), np=2,
+                timeout=120, env={"HPCDP_FAULT": "slow:rank=1:factor=3"}).output
     assert re.search(r"busy/rank [0-9.]+-[0-9.]+ ms \(slowest: rank 1\)", out), out
     windows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert len(windows) == 10
@@ -87,3 +93,30 @@ def test_straggler_shows_in_the_log_and_the_job_finishes(args, ranks, data: Path
     assert sum(w["slowest_rank"] == 1 for w in late) >= len(late) - 2, windows
     assert sum(w["busy_ms_max"] > 1.5 * w["busy_ms_min"] for w in late) >= len(late) - 2, windows
     assert PREFIX not in out and (run_dir / "summary.json").exists()
+    check_profiles(run_dir)
+    check_time_picture(run_dir)
+
+
+def check_profiles(run_dir: Path) -> None:
+    """One loadable trace per rank, naming its rank and host, holding the steps chosen."""
+    host = socket.gethostname()
+    assert sorted(p.name for p in (run_dir / "profiles").iterdir()) == [
+        f"rank0-{host}.pt.trace.json", f"rank1-{host}.pt.trace.json"]
+    for rank in (0, 1):
+        trace = json.loads(profiling.trace_path(run_dir, rank, host).read_text())
+        assert trace["hpcdp"] == {"rank": rank, "host": host, "steps": [3, 4]}
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        assert {"hpcdp step 3", "hpcdp step 4"} <= names and "hpcdp step 5" not in names
+        assert any(n.startswith("aten::convolution") for n in names), sorted(names)[:20]
+
+
+def check_time_picture(run_dir: Path) -> None:
+    """`hpcdp report RUN` draws the picture; its bars (read back from the figure's Axes):
+    rank 1's own time is the tallest, and it waits least in the all-reduce."""
+    assert report_command.main([str(run_dir)]) == 0
+    assert (run_dir / "time.png").read_bytes().startswith(b"\x89PNG")
+    times = rank_times(read_jsonl(run_dir / "metrics.jsonl"))
+    (ax,) = report_command.draw(times, "straggler").axes
+    tops, waits = report_command.bars(ax)
+    assert tops[1] > 1.5 * tops[0], (tops, times)
+    assert waits[1] < waits[0], (waits, times)

@@ -6,7 +6,13 @@ import json
 import time
 from pathlib import Path
 
-from hpcdp.train.reporting import Reporter, StepTimes, drop_records_after, read_jsonl
+from hpcdp.train.reporting import (
+    Reporter,
+    StepSplit,
+    StepTimes,
+    drop_records_after,
+    read_jsonl,
+)
 
 
 def test_active_reporter_writes_jsonl_and_tensorboard(tmp_path: Path) -> None:
@@ -37,11 +43,12 @@ def test_resume_drops_records_after_the_checkpoint(tmp_path: Path) -> None:
 
 def test_step_times_summary_and_exclusion() -> None:
     t = StepTimes()
-    t.add(0.001, 0.002, 0.003, 16)
-    t.add(0.001, 0.002, 0.003, 16)
+    t.add(StepSplit(0.001, 0.0015, 0.003, 0.0005), 16)
+    t.add(StepSplit(0.001, 0.0015, 0.003, 0.0005), 16)
     time.sleep(0.02)
     s = t.summary()
     assert s["data_ms"] == 1.0 and s["compute_ms"] == 2.0 and s["comm_ms"] == 3.0
+    assert s["optimizer_ms"] == 0.5  # of compute_ms, as the log line counts it
     assert 0 < s["samples_per_s"] < 32 / 0.02 * 1.01
     t.exclude(10.0)  # time spent validating does not count against throughput
     assert t.summary()["samples_per_s"] > 32 / 0.02

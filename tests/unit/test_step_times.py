@@ -26,6 +26,6 @@ def test_data_time_ends_with_the_batch_on_the_device(monkeypatch) -> None:
                           channels_last=False, norm_stats=None,
                           task=SimpleNamespace(prepare=slow_prepare),
                           cfg=SimpleNamespace(horovod=SimpleNamespace(op="average")))
-    data, compute, comm = step.train_step(run, iter(["batch"]), 0.1, sums=None, step=0)
-    assert data >= 0.2 and 0.1 <= compute < 0.2 + 0.1, (data, compute)
-    assert comm >= 0.0
+    split = step.train_step(run, iter(["batch"]), 0.1, sums=None, step=0)
+    assert split.data >= 0.2 and 0.1 <= split.compute < 0.2 + 0.1, split
+    assert split.comm >= 0.0 and split.optimizer >= 0.0
