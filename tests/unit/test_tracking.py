@@ -1,0 +1,173 @@
+"""The trackers' pure parts: parameters, metric values, the commit buffer, the run-id
+file, the group and store defaults; and the worker thread's bounds (a tracker that
+fails, hangs or falls behind warns once and never holds the caller up)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcdp.train.tracking import state
+from hpcdp.train.tracking.hub import group_of
+from hpcdp.train.tracking.mlflow_run import chunks, store_uri
+from hpcdp.train.tracking.records import CommitBuffer, Record, flat_params, numbers, scalars
+from hpcdp.train.tracking.worker import Worker
+
+
+def test_flat_params_names_every_key_as_the_config_file_would_read() -> None:
+    tree = {"run": {"name": "a", "seed": 0, "trackers": ["mlflow"], "tf32": True},
+            "model": {"kwargs": {"width": 8, "deep": {"x": None}}, "extra": {}},
+            "optim": {"betas": [0.9, 0.999], "lr": 0.1}}
+    assert flat_params(tree) == {
+        "run.name": "a", "run.seed": "0", "run.trackers": '["mlflow"]', "run.tf32": "true",
+        "model.kwargs.width": "8", "model.kwargs.deep.x": "null", "model.extra": "{}",
+        "optim.betas": "[0.9, 0.999]", "optim.lr": "0.1"}
+
+
+def test_numbers_keeps_numbers_only_under_kind_names() -> None:
+    r = Record("train", 5, {"loss": 1.5, "epoch": 0, "nan_seen": True, "note": "x",
+                            "acc": float("nan")})
+    got = numbers(r)
+    assert set(got) == {"train/loss", "train/epoch", "train/acc"}
+    assert got["train/loss"] == 1.5 and got["train/epoch"] == 0.0
+
+
+def test_scalars_of_a_summary() -> None:
+    assert scalars({"val_acc": 0.5, "task": "image", "gradients": {"n": 1}, "checkpoint": None,
+                    "bad": float("nan"), "steps": 30}) == {
+        "val_acc": 0.5, "task": "image", "steps": 30}
+
+
+def recs(kind: str, *steps: int) -> list[Record]:
+    return [Record(kind, s, {"loss": float(s)}) for s in steps]
+
+
+def steps_of(records: list[Record]) -> list[tuple[str, int]]:
+    return [(r.kind, r.step) for r in records]
+
+
+def test_commit_releases_what_a_checkpoint_covers_in_order() -> None:
+    buf = CommitBuffer()
+    for r in [*recs("train", 5, 10), *recs("val", 10), *recs("train", 15)]:
+        buf.add(r)
+    assert steps_of(buf.commit(10)) == [("train", 5), ("train", 10), ("val", 10)]
+    assert buf.commit(10) == []
+    assert buf.sent == {"train": 10, "val": 10}
+    assert steps_of(buf.release_all()) == [("train", 15)]
+    assert buf.release_all() == []
+
+
+def test_a_stop_drops_what_no_checkpoint_covers() -> None:
+    buf = CommitBuffer()
+    for r in recs("train", 5, 10, 15):
+        buf.add(r)
+    assert steps_of(buf.commit(10)) == [("train", 5), ("train", 10)]
+    assert buf.drop() == 1
+    assert buf.release_all() == [] and buf.sent == {"train": 10}
+
+
+def test_resumed_from_an_older_checkpoint_sends_no_step_twice() -> None:
+    # The newest checkpoint (20) was unreadable: the run resumed from 10 and trains
+    # 15 and 20 again, which the tracker run already holds.
+    buf = CommitBuffer({"train": 20, "val": 20})
+    for r in [*recs("train", 15, 20), *recs("val", 20), *recs("train", 25)]:
+        buf.add(r)
+    assert steps_of(buf.commit(30)) == [("train", 25)]
+    assert buf.sent == {"train": 25, "val": 20}
+
+
+def test_state_file_round_trip_and_refusals(tmp_path: Path) -> None:
+    assert state.read(tmp_path, "mlflow") == state.TrackerState()
+    state.write(tmp_path, "mlflow", "abc", {"train": 10})
+    assert state.read(tmp_path, "mlflow") == state.TrackerState("abc", {"train": 10})
+    assert state.path(tmp_path, "mlflow").parent.name == "trackers"
+    for bad in ("[]", '{"run_id": 3}', '{"run_id": "a", "sent": {"train": "x"}}', "{"):
+        with pytest.raises(ValueError):
+            state.parse(bad)
+
+
+def test_group_defaults(tmp_path: Path) -> None:
+    run_dir = tmp_path / "sweep-lr" / "task-3"
+    assert group_of("mine", run_dir, {"HPCDP_SWEEP": "x"}) == "mine"
+    assert group_of("", run_dir, {"HPCDP_SWEEP": "x", "SLURM_ARRAY_JOB_ID": "7"}) == "sweep-lr"
+    assert group_of("", run_dir, {"SLURM_ARRAY_JOB_ID": "7"}) == "array-7"
+    assert group_of("", run_dir, {}) == ""
+
+
+def test_store_uri_precedence(tmp_path: Path) -> None:
+    env = {"MLFLOW_TRACKING_URI": "http://tracker:5000"}
+    assert store_uri("http://mine:1", env, tmp_path) == "http://mine:1"
+    assert store_uri("", env, tmp_path) == "http://tracker:5000"
+    assert store_uri("", {}, tmp_path) == f"sqlite:///{tmp_path.resolve()}/trackers/mlflow.db"
+    assert chunks(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
+
+
+class Sink:
+    """A tracker that holds what it is sent, fails where told, or waits for `release`."""
+
+    name = "test"
+
+    def __init__(self, fail_open: bool = False, block: bool = False) -> None:
+        self.fail_open, self.block = fail_open, block
+        self.release = threading.Event()
+        self.got: list[Record] = []
+        self.finished: list[tuple[object, object]] = []
+
+    def open(self, run_id: str | None) -> str:
+        if self.fail_open:
+            raise ConnectionError("no route to the server")
+        return run_id or "new-id"
+
+    def log(self, records: list[Record]) -> None:
+        if self.block:
+            self.release.wait()
+        self.got += records
+
+    def finish(self, summary: object, stopped: object) -> None:
+        self.finished.append((summary, stopped))
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_worker_sends_and_remembers_the_run(tmp_path: Path) -> None:
+    sink = Sink()
+    worker = Worker(sink, tmp_path, state.TrackerState())
+    worker.send(recs("train", 5, 10), {"train": 10})
+    worker.finish({"steps": 10}, None)
+    assert worker.close(5.0)
+    assert steps_of(sink.got) == [("train", 5), ("train", 10)]
+    assert sink.finished == [({"steps": 10}, None)]
+    assert state.read(tmp_path, "test") == state.TrackerState("new-id", {"train": 10})
+
+
+def test_a_failing_tracker_warns_once_and_takes_nothing_more(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "hpcdp")
+    worker = Worker(Sink(fail_open=True), tmp_path, state.TrackerState())
+    worker._thread.join(5.0)
+    for _ in range(3):
+        worker.send(recs("train", 5), {"train": 5})
+    assert worker.close(5.0)
+    (only,) = warnings_of(caplog)
+    assert "tracker test: failed" in only and "no route to the server" in only
+
+
+def test_a_hanging_tracker_is_bounded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "hpcdp")
+    sink = Sink(block=True)
+    worker = Worker(sink, tmp_path, state.TrackerState(), queue_size=2)
+    t0 = time.monotonic()
+    for step in range(1, 6):  # one taken (and hanging), two queued, two dropped
+        worker.send(recs("train", step), {"train": step})
+    assert time.monotonic() - t0 < 0.5  # sending never waits for the tracker
+    assert not worker.close(0.3)
+    assert time.monotonic() - t0 < 2.0
+    (only,) = warnings_of(caplog)  # the dropped items warned; the timeout only at debug
+    assert "later ones are dropped" in only
+    sink.release.set()
