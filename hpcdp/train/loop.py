@@ -108,7 +108,8 @@ def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) ->
         (run_dir / "config.toml").write_text(cfgmod.dumps(cfg))
     # Rank 0's trackers start on threads of their own now, and continue the run's
     # tracker runs on a resume (hpcdp.train.tracking).
-    trackers = Trackers.start(cfg, resumed_from is not None, os.environ) if run.root else None
+    trackers = (Trackers.start(cfg, state.step if resumed_from else None, os.environ)
+                if run.root else None)
     rep = Reporter(run_dir, run.root, cfg.log.jsonl, cfg.log.tensorboard, cfg.log.progress,
                    run.total_steps, state.step, drop_after=state.step if resumed_from else None,
                    trackers=trackers)

@@ -4,6 +4,7 @@ fails, hangs or falls behind warns once and never holds the caller up)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -12,10 +13,18 @@ from pathlib import Path
 import pytest
 
 from hpcdp.train.tracking import state
-from hpcdp.train.tracking.hub import group_of
+from hpcdp.train.tracking.hub import group_of, missed_records
 from hpcdp.train.tracking.mlflow_run import chunks, store_uri
-from hpcdp.train.tracking.records import CommitBuffer, Record, flat_params, numbers, scalars
-from hpcdp.train.tracking.worker import Worker
+from hpcdp.train.tracking.records import (
+    CommitBuffer,
+    Record,
+    catch_up,
+    flat_params,
+    numbers,
+    parse_jsonl,
+    scalars,
+)
+from hpcdp.train.tracking.worker import Worker, latest
 
 
 def test_flat_params_names_every_key_as_the_config_file_would_read() -> None:
@@ -78,6 +87,24 @@ def test_resumed_from_an_older_checkpoint_sends_no_step_twice() -> None:
         buf.add(r)
     assert steps_of(buf.commit(30)) == [("train", 25)]
     assert buf.sent == {"train": 25, "val": 20}
+
+
+def test_catch_up_sends_what_was_committed_but_never_sent(tmp_path: Path) -> None:
+    # Killed after step 12: the tracker had 8; the checkpoint of 10 is resumed, so 10 is
+    # owed, 12 is trained again. A half-written last line and a repeated validation
+    # (a finished run resumed) are left out.
+    lines = [json.dumps({"kind": k, "step": s, "time": 1.0 + s, "loss": 0.5})
+             for k, s in [("train", 6), ("train", 8), ("train", 10), ("val", 10),
+                          ("val", 10), ("train", 12)]] + ['{"kind": "train", "st']
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines))
+    got = missed_records(path, 10, {"train": 8})
+    assert steps_of(got) == [("train", 10), ("val", 10)]
+    assert got[0].values == {"loss": 0.5} and got[0].time == 11.0
+    assert steps_of(catch_up(parse_jsonl(lines), {}, 8)) == [("train", 6), ("train", 8)]
+    assert missed_records(tmp_path / "none.jsonl", 10, {}) == []
+    assert latest({"train": 8, "val": 5}, {"train": 6}, {"val": 10, "x": 1}) == {
+        "train": 8, "val": 10, "x": 1}
 
 
 def test_state_file_round_trip_and_refusals(tmp_path: Path) -> None:
@@ -144,6 +171,15 @@ def test_worker_sends_and_remembers_the_run(tmp_path: Path) -> None:
     assert steps_of(sink.got) == [("train", 5), ("train", 10)]
     assert sink.finished == [({"steps": 10}, None)]
     assert state.read(tmp_path, "test") == state.TrackerState("new-id", {"train": 10})
+    # Resumed: the same run id, what it missed first, then the new records.
+    again = Sink()
+    worker = Worker(again, tmp_path, state.read(tmp_path, "test"),
+                    missed=lambda sent: recs("val", 10) if sent == {"train": 10} else [])
+    worker.send(recs("train", 15), {"train": 15})
+    assert worker.close(5.0)
+    assert steps_of(again.got) == [("val", 10), ("train", 15)]
+    assert state.read(tmp_path, "test") == state.TrackerState("new-id", {"train": 15,
+                                                                         "val": 10})
 
 
 def test_a_failing_tracker_warns_once_and_takes_nothing_more(

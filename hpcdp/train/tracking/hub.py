@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hpcdp.config import Config
 from hpcdp.train.tracking import state
 from hpcdp.train.tracking.mlflow_run import MlflowSink, store_uri
-from hpcdp.train.tracking.records import CommitBuffer, Record
+from hpcdp.train.tracking.records import CommitBuffer, Record, catch_up, parse_jsonl
 from hpcdp.train.tracking.wandb_run import WandbSink
 from hpcdp.train.tracking.worker import Sink, Worker
 
@@ -64,6 +65,16 @@ def remembered(run_dir: Path, name: str, resumed: bool) -> state.TrackerState:
         return state.TrackerState()
 
 
+def missed_records(path: Path, resumed_step: int, sent: Mapping[str, int]) -> list[Record]:
+    """What the metrics file holds up to the resumed checkpoint that a tracker run with
+    `sent` lacks (the file is missing: nothing)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return catch_up(parse_jsonl(text.splitlines()), sent, resumed_step)
+
+
 class Trackers:
     """Records in, to every tracker of the run, on their own threads."""
 
@@ -73,11 +84,18 @@ class Trackers:
         self.close_timeout_s = close_timeout_s
 
     @classmethod
-    def start(cls, cfg: Config, resumed: bool, environ: Mapping[str, str]) -> Trackers | None:
+    def start(cls, cfg: Config, resumed_step: int | None,
+              environ: Mapping[str, str]) -> Trackers | None:
+        """The run's trackers, each on its own thread; `resumed_step`: the step of the
+        checkpoint resumed, None on a fresh start."""
         if not cfg.run.trackers:
             return None
+        missed = None
+        if resumed_step is not None and cfg.log.jsonl:
+            missed = partial(missed_records, cfg.run_dir / "metrics.jsonl", resumed_step)
         workers = [Worker(make_sink(name, cfg, environ), cfg.run_dir,
-                          remembered(cfg.run_dir, name, resumed))
+                          remembered(cfg.run_dir, name, resumed_step is not None),
+                          missed=missed)
                    for name in cfg.run.trackers]
         return cls(workers, cfg.run.tracker_close_timeout_s)
 

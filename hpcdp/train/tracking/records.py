@@ -4,14 +4,16 @@ A tracker cannot take back a point it was sent (MLflow has no call that deletes 
 metric step), while a resumed run trains the steps after its checkpoint again. So a
 record is held back until a checkpoint covers its step (`CommitBuffer.commit`), or the
 run ends normally (`release_all`); what a stop or a crash leaves uncommitted is
-dropped, and the resumed run sends those steps once, as it trains them again.
+dropped, and the resumed run sends those steps once, as it trains them again. What
+was committed but never reached the tracker (the job died first, the tracker was
+down) is sent on the resume, from metrics.jsonl (`catch_up`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +56,31 @@ def scalars(summary: Mapping[str, Any]) -> dict[str, Any]:
     """A summary's top-level numbers and strings (a tracker's summary fields or tags)."""
     return {k: v for k, v in summary.items()
             if isinstance(v, (str, int, float)) and not (isinstance(v, float) and math.isnan(v))}
+
+
+def parse_jsonl(lines: Iterable[str]) -> list[Record]:
+    """metrics.jsonl lines as records; a line that is no record (a job killed mid-write
+    leaves half of one) is skipped."""
+    out = []
+    for line in lines:
+        try:
+            data = json.loads(line)
+            kind, step = data.pop("kind"), data.pop("step")
+        except (ValueError, KeyError, AttributeError):
+            continue
+        if isinstance(kind, str) and isinstance(step, int):
+            out.append(Record(kind, step, data, float(data.pop("time", 0.0) or 0.0)))
+    return out
+
+
+def catch_up(records: Iterable[Record], sent: Mapping[str, int], upto: int) -> list[Record]:
+    """On a resume from the checkpoint of step `upto`: what metrics.jsonl holds up to it
+    that the tracker run was never sent (committed but not yet sent when the job died,
+    or the tracker was down). Each (kind, step) once, the first in the file."""
+    buffer = CommitBuffer(sent)
+    for r in records:
+        buffer.add(r)
+    return buffer.commit(upto)
 
 
 class CommitBuffer:

@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,12 +44,29 @@ class Sink(Protocol):
         """End the tracker run: finished with `summary`, or stopped (preempted) for now."""
 
 
+def last_steps(records: list[Record]) -> dict[str, int]:
+    """The last step of each kind among `records`."""
+    return latest(*({r.kind: r.step} for r in records))
+
+
+def latest(*sent: Mapping[str, int]) -> dict[str, int]:
+    """Per kind, the largest of the steps given: a tracker's `sent` never goes back."""
+    out: dict[str, int] = {}
+    for each in sent:
+        for kind, step in each.items():
+            out[kind] = max(step, out.get(kind, step))
+    return out
+
+
 class Worker:
     """A Sink on its own thread, with the run folder's memory of it."""
 
     def __init__(self, sink: Sink, run_dir: Path, known: state.TrackerState,
-                 queue_size: int = QUEUE_SIZE) -> None:
-        self.sink, self.run_dir, self.known = sink, run_dir, known
+                 queue_size: int = QUEUE_SIZE,
+                 missed: Callable[[Mapping[str, int]], list[Record]] | None = None) -> None:
+        """`missed(sent)`: what the tracker run lacks, sent first (on this thread, since
+        finding it reads the run's metrics file)."""
+        self.sink, self.run_dir, self.known, self.missed = sink, run_dir, known, missed
         self.failed = False
         self._warned = False
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(queue_size)
@@ -103,6 +120,8 @@ class Worker:
             if run_id != self.known.run_id:
                 self.known = state.TrackerState(run_id, dict(self.known.sent))
                 state.write(self.run_dir, self.sink.name, run_id, self.known.sent)
+            if self.missed is not None:
+                self._handle("log", (self.missed(self.known.sent), self.known.sent))
             while (item := self._queue.get()) is not None:
                 self._handle(*item)
         except Exception as e:  # noqa: BLE001 - whatever a tracker raises, training goes on
@@ -112,7 +131,10 @@ class Worker:
     def _handle(self, what: str, payload: Any) -> None:
         if what == "log":
             records, sent = payload
+            if not records:
+                return
             self.sink.log(records)
+            sent = latest(self.known.sent, sent, last_steps(records))
             self.known = state.TrackerState(self.known.run_id, sent)
             state.write(self.run_dir, self.sink.name, str(self.known.run_id), sent)
         else:
