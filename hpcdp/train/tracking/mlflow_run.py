@@ -10,6 +10,7 @@ run: the calls run on the tracker's own thread (hpcdp.train.tracking.worker).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,6 +53,9 @@ class MlflowSink:
 
         for noisy in ("mlflow", "alembic"):  # the SQLite store's "creating tables" lines
             logging.getLogger(noisy).setLevel(logging.WARNING)
+        # Nor a "View run at" line on stdout (a server's runs) for each segment's end:
+        # the job's log is hpcdp's. Exporting it false brings the line back.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         if self.uri.startswith("sqlite:///"):
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)
