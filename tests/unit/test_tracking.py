@@ -134,12 +134,14 @@ def test_store_uri_precedence(tmp_path: Path) -> None:
 
 
 class Sink:
-    """A tracker that holds what it is sent, fails where told, or waits for `release`."""
+    """A tracker that holds what it is sent, fails where told, or waits for `release`;
+    `lost`: its store has no run of the id it is given."""
 
     name = "test"
 
-    def __init__(self, fail_open: bool = False, block: bool = False) -> None:
-        self.fail_open, self.block = fail_open, block
+    def __init__(self, fail_open: bool = False, block: bool = False,
+                 lost: bool = False) -> None:
+        self.fail_open, self.block, self.lost = fail_open, block, lost
         self.release = threading.Event()
         self.got: list[Record] = []
         self.finished: list[tuple[object, object]] = []
@@ -147,7 +149,7 @@ class Sink:
     def open(self, run_id: str | None) -> str:
         if self.fail_open:
             raise ConnectionError("no route to the server")
-        return run_id or "new-id"
+        return "new-id" if self.lost else run_id or "new-id"
 
     def log(self, records: list[Record]) -> None:
         if self.block:
@@ -180,6 +182,12 @@ def test_worker_sends_and_remembers_the_run(tmp_path: Path) -> None:
     assert steps_of(again.got) == [("val", 10), ("train", 15)]
     assert state.read(tmp_path, "test") == state.TrackerState("new-id", {"train": 15,
                                                                          "val": 10})
+    # The tracker's store lost that run (a new id): it is owed everything from the start.
+    fresh = Sink(lost=True)
+    worker = Worker(fresh, tmp_path, state.TrackerState("lost-id", {"train": 15}),
+                    missed=lambda sent: recs("train", 5, 10, 15) if not sent else [])
+    assert worker.close(5.0)
+    assert steps_of(fresh.got) == [("train", 5), ("train", 10), ("train", 15)]
 
 
 def test_a_failing_tracker_warns_once_and_takes_nothing_more(

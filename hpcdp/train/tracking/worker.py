@@ -117,9 +117,9 @@ class Worker:
     def _run(self) -> None:
         try:
             run_id = self.sink.open(self.known.run_id)
-            if run_id != self.known.run_id:
-                self.known = state.TrackerState(run_id, dict(self.known.sent))
-                state.write(self.run_dir, self.sink.name, run_id, self.known.sent)
+            if run_id != self.known.run_id:  # a new tracker run holds nothing yet
+                self.known = state.TrackerState(run_id, {})
+                state.write(self.run_dir, self.sink.name, run_id, {})
             if self.missed is not None:
                 self._handle("log", (self.missed(self.known.sent), self.known.sent))
             while (item := self._queue.get()) is not None:
