@@ -24,6 +24,7 @@ from hpcdp.train.tracking.records import (
     parse_jsonl,
     scalars,
 )
+from hpcdp.train.tracking.wandb_run import settled
 from hpcdp.train.tracking.worker import Worker, latest
 
 
@@ -151,10 +152,11 @@ class Sink:
             raise ConnectionError("no route to the server")
         return "new-id" if self.lost else run_id or "new-id"
 
-    def log(self, records: list[Record]) -> None:
+    def log(self, records: list[Record]) -> list[Record]:
         if self.block:
             self.release.wait()
         self.got += records
+        return records
 
     def finish(self, summary: object, stopped: object) -> None:
         self.finished.append((summary, stopped))
@@ -167,7 +169,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_worker_sends_and_remembers_the_run(tmp_path: Path) -> None:
     sink = Sink()
     worker = Worker(sink, tmp_path, state.TrackerState())
-    worker.send(recs("train", 5, 10), {"train": 10})
+    worker.send(recs("train", 5, 10))
     worker.finish({"steps": 10}, None)
     assert worker.close(5.0)
     assert steps_of(sink.got) == [("train", 5), ("train", 10)]
@@ -177,7 +179,7 @@ def test_worker_sends_and_remembers_the_run(tmp_path: Path) -> None:
     again = Sink()
     worker = Worker(again, tmp_path, state.read(tmp_path, "test"),
                     missed=lambda sent: recs("val", 10) if sent == {"train": 10} else [])
-    worker.send(recs("train", 15), {"train": 15})
+    worker.send(recs("train", 15))
     assert worker.close(5.0)
     assert steps_of(again.got) == [("val", 10), ("train", 15)]
     assert state.read(tmp_path, "test") == state.TrackerState("new-id", {"train": 15,
@@ -190,13 +192,47 @@ def test_worker_sends_and_remembers_the_run(tmp_path: Path) -> None:
     assert steps_of(fresh.got) == [("train", 5), ("train", 10), ("train", 15)]
 
 
+class OpenRowSink(Sink):
+    """A tracker that, as wandb does, holds the row of its last step until a later one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open_row: list[Record] = []
+
+    def log(self, records: list[Record]) -> list[Record]:
+        self.got += records
+        held, self.open_row = settled(self.open_row, records)
+        return held
+
+
+def test_the_state_counts_only_what_the_tracker_holds_for_good(tmp_path: Path) -> None:
+    assert steps_of(settled([], recs("train", 5, 10))[0]) == [("train", 5)]
+    held, row = settled(recs("train", 10), [*recs("val", 10), *recs("train", 12)])
+    assert steps_of(held) == [("train", 10), ("val", 10)] and steps_of(row) == [("train", 12)]
+    assert settled([], []) == ([], [])
+    sink = OpenRowSink()
+    worker = Worker(sink, tmp_path, state.TrackerState())
+    worker.send(recs("train", 5, 10))
+    worker.send(recs("val", 10))
+    deadline = time.monotonic() + 5
+    while (len(sink.got) < 3 or not state.read(tmp_path, "test").sent) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # A kill now loses step 10's open row: the state file says 5, and the resume sends 10
+    # (the second batch, all at step 10, settles nothing more).
+    assert len(sink.got) == 3 and state.read(tmp_path, "test").sent == {"train": 5}
+    worker.finish(None, "preempted")
+    assert worker.close(5.0)
+    assert state.read(tmp_path, "test").sent == {"train": 10, "val": 10}
+
+
 def test_a_failing_tracker_warns_once_and_takes_nothing_more(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "hpcdp")
     worker = Worker(Sink(fail_open=True), tmp_path, state.TrackerState())
     worker._thread.join(5.0)
     for _ in range(3):
-        worker.send(recs("train", 5), {"train": 5})
+        worker.send(recs("train", 5))
     assert worker.close(5.0)
     (only,) = warnings_of(caplog)
     assert "tracker test: failed" in only and "no route to the server" in only
@@ -208,7 +244,7 @@ def test_a_hanging_tracker_is_bounded(tmp_path: Path, caplog: pytest.LogCaptureF
     worker = Worker(sink, tmp_path, state.TrackerState(), queue_size=2)
     t0 = time.monotonic()
     for step in range(1, 6):  # one taken (and hanging), two queued, two dropped
-        worker.send(recs("train", step), {"train": step})
+        worker.send(recs("train", step))
     assert time.monotonic() - t0 < 0.5  # sending never waits for the tracker
     assert not worker.close(0.3)
     assert time.monotonic() - t0 < 2.0

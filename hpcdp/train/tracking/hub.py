@@ -106,7 +106,7 @@ class Trackers:
     def committed(self, step: int) -> None:
         """A checkpoint of `step` is written: what it covers can never be trained again."""
         for worker, buffer in zip(self.workers, self.buffers):
-            worker.send(buffer.commit(step), buffer.sent)
+            worker.send(buffer.commit(step))
 
     def end(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         """The run finished (`summary`: everything held goes out), or stopped (what no
@@ -115,7 +115,7 @@ class Trackers:
             if stopped:
                 buffer.drop()
             else:
-                worker.send(buffer.release_all(), buffer.sent)
+                worker.send(buffer.release_all())
             worker.finish(summary, stopped)
 
     def close(self) -> None:

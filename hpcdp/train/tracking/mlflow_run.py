@@ -71,13 +71,15 @@ class MlflowSink:
         self._log_params({k: v for k, v in self.params.items() if k not in held})
         return self.run_id
 
-    def log(self, records: list[Record]) -> None:
+    def log(self, records: list[Record]) -> list[Record]:
+        """Stored when log_batch returns: all of them."""
         from mlflow.entities import Metric
 
         metrics = [Metric(key, value, int(r.time * 1000) or int(time.time() * 1000), r.step)
                    for r in records for key, value in numbers(r).items()]
         for part in chunks(metrics, METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=part)
+        return records
 
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         from mlflow.entities import Metric, RunTag

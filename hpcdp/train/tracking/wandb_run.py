@@ -22,6 +22,20 @@ def new_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
+def settled(open_row: list[Record], records: list[Record]) -> tuple[list[Record], list[Record]]:
+    """(records wandb has passed on, those of its open row) after logging `records` (pure).
+
+    wandb keeps the row of the last step it was given open in the training process, to
+    take more values at that step, and passes it on only when a later step comes (or the
+    run finishes): a job killed before then loses that row.
+    """
+    logged = open_row + records
+    if not logged:
+        return [], []
+    last = max(r.step for r in logged)
+    return [r for r in logged if r.step < last], [r for r in logged if r.step == last]
+
+
 class WandbSink:
     name = "wandb"
 
@@ -31,6 +45,7 @@ class WandbSink:
         self.config = dict(config)
         self.mode = environ.get("WANDB_MODE") or "offline"
         self.run: Any = None
+        self.open_row: list[Record] = []  # logged, at the step wandb still holds open
 
     def open(self, run_id: str | None) -> str:
         import wandb
@@ -45,9 +60,11 @@ class WandbSink:
             mode=self.mode, config=self.config, settings=settings)
         return str(self.run.id)
 
-    def log(self, records: list[Record]) -> None:
+    def log(self, records: list[Record]) -> list[Record]:
         for r in records:
             self.run.log(numbers(r), step=r.step)
+        held, self.open_row = settled(self.open_row, records)
+        return held
 
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         if summary is not None:

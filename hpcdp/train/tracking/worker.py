@@ -4,9 +4,10 @@ A tracker library may take seconds to import, block on a slow disk, or hang on a
 that does not answer. Everything it does runs here, on a daemon thread fed by a bounded
 queue: a full queue drops what does not fit, a failure stops the tracker, and closing
 waits at most a given time. Each of these warns once per tracker, and none reaches the
-loop. After each batch the tracker has taken, the run folder's state file records its
+loop. Whenever the tracker holds more for good, the run folder's state file records its
 run id and the last step of each kind it holds (`state`), so a resumed run neither
-starts a new tracker run nor sends a step twice.
+starts a new tracker run nor sends a step twice, and sends what a killed job's tracker
+had not stored.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ class Sink(Protocol):
     def open(self, run_id: str | None) -> str:
         """Start a tracker run, or continue the one of `run_id`; its id."""
 
-    def log(self, records: list[Record]) -> None:
-        """Send these records (in step order)."""
+    def log(self, records: list[Record]) -> list[Record]:
+        """Send these records (in step order); those of them and of earlier calls that
+        the tracker now holds for good (a kill of the process would not lose them)."""
 
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
-        """End the tracker run: finished with `summary`, or stopped (preempted) for now."""
+        """End the tracker run: finished with `summary`, or stopped (preempted) for now;
+        everything logged is then held for good."""
 
 
 def last_steps(records: list[Record]) -> dict[str, int]:
@@ -68,16 +71,16 @@ class Worker:
         finding it reads the run's metrics file)."""
         self.sink, self.run_dir, self.known, self.missed = sink, run_dir, known, missed
         self.failed = False
+        self.logged: dict[str, int] = {}  # the last steps handed to the tracker
         self._warned = False
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(queue_size)
         self._thread = threading.Thread(target=self._run, name=f"hpcdp-{sink.name}",
                                         daemon=True)
         self._thread.start()
 
-    def send(self, records: list[Record], sent: Mapping[str, int]) -> None:
-        """Queue `records`; `sent`: the last step of each kind once they are taken."""
+    def send(self, records: list[Record]) -> None:
         if records:
-            self._put(("log", (records, dict(sent))))
+            self._put(("log", records))
 
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         self._put(("finish", (summary, stopped)))
@@ -121,7 +124,7 @@ class Worker:
                 self.known = state.TrackerState(run_id, {})
                 state.write(self.run_dir, self.sink.name, run_id, {})
             if self.missed is not None:
-                self._handle("log", (self.missed(self.known.sent), self.known.sent))
+                self._handle("log", self.missed(self.known.sent))
             while (item := self._queue.get()) is not None:
                 self._handle(*item)
         except Exception as e:  # noqa: BLE001 - whatever a tracker raises, training goes on
@@ -130,12 +133,16 @@ class Worker:
 
     def _handle(self, what: str, payload: Any) -> None:
         if what == "log":
-            records, sent = payload
-            if not records:
-                return
-            self.sink.log(records)
-            sent = latest(self.known.sent, sent, last_steps(records))
-            self.known = state.TrackerState(self.known.run_id, sent)
-            state.write(self.run_dir, self.sink.name, str(self.known.run_id), sent)
+            if payload:
+                self.logged = latest(self.logged, last_steps(payload))
+                self._remember(last_steps(self.sink.log(payload)))
         else:
             self.sink.finish(*payload)
+            self._remember(self.logged)
+
+    def _remember(self, held: Mapping[str, int]) -> None:
+        """The state file's last steps, once the tracker holds them for good."""
+        sent = latest(self.known.sent, held)
+        if sent != self.known.sent:
+            self.known = state.TrackerState(self.known.run_id, sent)
+            state.write(self.run_dir, self.sink.name, str(self.known.run_id), sent)
