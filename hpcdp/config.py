@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -69,6 +70,17 @@ class RunConfig:
     # on: also on CPUs (tests); off: never
     channels_last: str = "auto"
     tf32: bool = True  # fp32 matmuls and convolutions in TF32 on GPUs that have it (Ampere on)
+    # experiment trackers rank 0 logs the run to as well (docs/tracking.md): mlflow | wandb,
+    # each with its extra installed (pip install 'hpcdp[mlflow]'); empty: none
+    trackers: list[str] = field(default_factory=list)
+    tracker_project: str = "hpcdp"  # the MLflow experiment and the W&B project
+    # the W&B group (an MLflow tag): empty: the sweep folder's name in a sweep's array
+    # task, "array-" and the array's job id in another array task, else none
+    tracker_group: str = ""
+    # MLflow's tracking URI; empty: MLFLOW_TRACKING_URI, else a local store in the run folder
+    mlflow_uri: str = ""
+    # at the end of a run, wait at most this long for trackers to send what they hold
+    tracker_close_timeout_s: float = 30.0
 
 
 @dataclass
@@ -823,11 +835,33 @@ def _validate_more(cfg: Config) -> None:
         profile_spec.parse(cfg.run.profile)
     except profile_spec.ProfileSpecError as e:
         raise ConfigError(str(e)) from None
+    _validate_trackers(cfg.run)
     for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline",
                 "data.stage_dir"):
         sec, attr = key.split(".")
         if "\0" in getattr(getattr(cfg, sec), attr):
             raise ConfigError(f"{key} must not hold a NUL character")
+
+
+#: Experiment trackers (hpcdp.train.tracking), each with the module its extra installs.
+TRACKERS = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+def _validate_trackers(run: RunConfig) -> None:
+    """Known tracker names, each once and installed; a project name; a bound that is one."""
+    for name in run.trackers:
+        if name not in TRACKERS:
+            raise _unknown("tracker", name, list(TRACKERS), "in run.trackers")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise ConfigError(f"run.trackers names {name!r}, but its package is not installed: "
+                              f"pip install 'hpcdp[{name}]'")
+    if len(set(run.trackers)) != len(run.trackers):
+        raise ConfigError(f"run.trackers={run.trackers}: a tracker is named twice")
+    if run.trackers and not run.tracker_project:
+        raise ConfigError("run.tracker_project must not be empty with run.trackers set")
+    if not 0 <= run.tracker_close_timeout_s < math.inf:
+        raise ConfigError(f"run.tracker_close_timeout_s={run.tracker_close_timeout_s:g}: must be "
+                          "a finite number of seconds, at least 0")
 
 
 def stage_name_error(key: str, name: str) -> str | None:

@@ -40,6 +40,7 @@ from hpcdp.train.reporting import (
     spread_text,
 )
 from hpcdp.train.step import train_step
+from hpcdp.train.tracking.hub import Trackers
 
 log = logging.getLogger("hpcdp.train")
 
@@ -112,8 +113,13 @@ def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) ->
         run_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(run_dir, True)
         (run_dir / "config.toml").write_text(cfgmod.dumps(cfg))
+    # Rank 0's trackers start on threads of their own now, and continue the run's
+    # tracker runs on a resume (hpcdp.train.tracking).
+    trackers = (Trackers.start(cfg, state.step if resumed_from else None, os.environ)
+                if run.root else None)
     rep = Reporter(run_dir, run.root, cfg.log.jsonl, cfg.log.tensorboard, cfg.log.progress,
-                   run.total_steps, state.step, drop_after=state.step if resumed_from else None)
+                   run.total_steps, state.step, drop_after=state.step if resumed_from else None,
+                   trackers=trackers)
     rep.info(
         f"{'resumed from ' + resumed_from if resumed_from else 'fresh start'}: task "
         f"{cfg.task.name}, model {cfg.model.name} ({count_parameters(run.model):,} parameters) "
@@ -212,6 +218,7 @@ def save(ckpts: CheckpointManager, run: setup.Run, state: TrainState, rep: Repor
     if note:
         log.warning(note)
     rep.info(f"checkpoint written: {path}")
+    rep.checkpointed(state.step)
 
 
 def metrics_text(values: dict[str, Any], names: list[str]) -> str:
@@ -273,6 +280,7 @@ def report_stop(run: setup.Run, ckpts: CheckpointManager, state: TrainState, rea
                             lambda v: dist.broadcast_object(v, "hpcdp.stop"))
     rep.info(f"{reason} at step {state.step}: checkpoint written to "
              f"{ckpts.path(state.step)}{note}")
+    rep.ended(None, reason)
     return code
 
 
@@ -316,6 +324,7 @@ def summarize(run: setup.Run, ckpts: CheckpointManager, state: TrainState, out: 
         if out.samples == 0:  # a finished run resumed: keep the throughput it was trained at
             throughput = earlier_throughput(path, summary, ["samples_per_s", *rates])
         path.write_text(json.dumps(summary, indent=2) + "\n")
+    rep.ended(summary)
     names = [m.name for m in run.task.metrics] + list(run.task.derive(out.last_val))
     rep.info(f"done: val {metrics_text(out.last_val, names)}, "
              f"{throughput:.0f} samples/s{rates_text(rates)} on {run.size} rank(s), "

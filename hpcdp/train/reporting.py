@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from hpcdp.train.tracking.hub import Trackers
+
 log = logging.getLogger("hpcdp")
 
 
@@ -133,8 +135,9 @@ class Reporter:
 
     def __init__(self, run_dir: Path, active: bool, jsonl: bool, tensorboard: bool,
                  progress: bool, total_steps: int, initial_step: int,
-                 drop_after: int | None = None) -> None:
+                 drop_after: int | None = None, trackers: Trackers | None = None) -> None:
         self.active = active
+        self._trackers = trackers if active else None
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.tb_dir = run_dir / "tensorboard"
         self._jsonl = None
@@ -161,14 +164,27 @@ class Reporter:
         """One JSONL line and one TensorBoard scalar per numeric value."""
         if not self.active:
             return
+        now = time.time()
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"kind": kind, "step": step, "time": time.time(),
+            self._jsonl.write(json.dumps({"kind": kind, "step": step, "time": now,
                                           **values}) + "\n")
             self._jsonl.flush()
+        if self._trackers is not None:
+            self._trackers.record(kind, step, values, now)
         if self._tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def checkpointed(self, step: int) -> None:
+        """A checkpoint of `step` is written: trackers get the records it covers."""
+        if self._trackers is not None:
+            self._trackers.committed(step)
+
+    def ended(self, summary: dict[str, Any] | None, stopped: str | None = None) -> None:
+        """The run finished with `summary`, or `stopped` (preempted) for a requeue."""
+        if self._trackers is not None:
+            self._trackers.end(summary, stopped)
 
     def advance(self, steps: int = 1, **postfix: float) -> None:
         if self._bar is not None:
@@ -193,6 +209,8 @@ class Reporter:
             self._tb.close()
         if self._jsonl is not None:
             self._jsonl.close()
+        if self._trackers is not None:
+            self._trackers.close()  # bounded: run.tracker_close_timeout_s
 
 
 def drop_records_after(path: Path, step: int) -> None:

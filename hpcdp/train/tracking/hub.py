@@ -1,0 +1,125 @@
+"""The Reporter's one handle on a run's trackers (rank 0 only; no tracker, no handle).
+
+Each tracker gets its own buffer and thread: a record goes to a tracker once a
+checkpoint covers its step, or at the normal end of the run (records.CommitBuffer),
+so a resumed run never sends a step twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from hpcdp.config import Config
+from hpcdp.train.tracking import state
+from hpcdp.train.tracking.mlflow_run import MlflowSink, store_uri
+from hpcdp.train.tracking.records import CommitBuffer, Record, catch_up, parse_jsonl
+from hpcdp.train.tracking.wandb_run import WandbSink
+from hpcdp.train.tracking.worker import Sink, Worker
+
+log = logging.getLogger("hpcdp.train.tracking")
+
+#: The variable that points a sweep's array task at its sweep file (hpcdp.cluster.sweep,
+#: which train/ must not import); its run folder is task-<i> in the sweep folder.
+SWEEP_ENV = "HPCDP_SWEEP"
+
+
+def group_of(configured: str, run_dir: Path, environ: Mapping[str, str]) -> str:
+    """run.tracker_group, else the sweep's folder name in a sweep's array task, else
+    array-<job id> in another array task, else none (pure)."""
+    if configured:
+        return configured
+    if environ.get(SWEEP_ENV):
+        return run_dir.resolve().parent.name
+    if environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"array-{environ['SLURM_ARRAY_JOB_ID']}"
+    return ""
+
+
+def make_sink(name: str, cfg: Config, environ: Mapping[str, str]) -> Sink:
+    run, run_dir = cfg.run, cfg.run_dir
+    group = group_of(run.tracker_group, run_dir, environ)
+    if name == "mlflow":
+        return MlflowSink(store_uri(run.mlflow_uri, environ, run_dir), run.tracker_project,
+                          run_dir.resolve().name, group, cfg.to_dict())
+    if name == "wandb":
+        return WandbSink(run_dir / state.FOLDER, run.tracker_project, run_dir.resolve().name,
+                         group, cfg.to_dict(), environ)
+    raise ValueError(f"no tracker {name!r}")  # config.validate names the known ones
+
+
+def remembered(run_dir: Path, name: str, resumed: bool) -> state.TrackerState:
+    """The tracker run to continue: the run folder's on a resume, none on a fresh start
+    (a fresh start in an old folder is a new run, not a continuation)."""
+    if not resumed:
+        return state.TrackerState()
+    try:
+        return state.read(run_dir, name)
+    except (OSError, ValueError) as e:
+        log.warning(f"tracker {name}: {state.path(run_dir, name)} is unreadable ({e}); "
+                    "a new tracker run starts")
+        return state.TrackerState()
+
+
+def missed_records(path: Path, resumed_step: int, sent: Mapping[str, int]) -> list[Record]:
+    """What the metrics file holds up to the resumed checkpoint that a tracker run with
+    `sent` lacks (the file is missing: nothing)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return catch_up(parse_jsonl(text.splitlines()), sent, resumed_step)
+
+
+class Trackers:
+    """Records in, to every tracker of the run, on their own threads."""
+
+    def __init__(self, workers: list[Worker], close_timeout_s: float) -> None:
+        self.workers = workers
+        self.buffers = [CommitBuffer(w.known.sent) for w in workers]
+        self.close_timeout_s = close_timeout_s
+
+    @classmethod
+    def start(cls, cfg: Config, resumed_step: int | None,
+              environ: Mapping[str, str]) -> Trackers | None:
+        """The run's trackers, each on its own thread; `resumed_step`: the step of the
+        checkpoint resumed, None on a fresh start."""
+        if not cfg.run.trackers:
+            return None
+        missed = None
+        if resumed_step is not None and cfg.log.jsonl:
+            missed = partial(missed_records, cfg.run_dir / "metrics.jsonl", resumed_step)
+        workers = [Worker(make_sink(name, cfg, environ), cfg.run_dir,
+                          remembered(cfg.run_dir, name, resumed_step is not None),
+                          missed=missed)
+                   for name in cfg.run.trackers]
+        return cls(workers, cfg.run.tracker_close_timeout_s)
+
+    def record(self, kind: str, step: int, values: Mapping[str, Any], when: float) -> None:
+        for buffer in self.buffers:
+            buffer.add(Record(kind, step, dict(values), when))
+
+    def committed(self, step: int) -> None:
+        """A checkpoint of `step` is written: what it covers can never be trained again."""
+        for worker, buffer in zip(self.workers, self.buffers):
+            worker.send(buffer.commit(step))
+
+    def end(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
+        """The run finished (`summary`: everything held goes out), or stopped (what no
+        checkpoint covers is dropped: the resumed run trains and sends it again)."""
+        for worker, buffer in zip(self.workers, self.buffers):
+            if stopped:
+                buffer.drop()
+            else:
+                worker.send(buffer.release_all())
+            worker.finish(summary, stopped)
+
+    def close(self) -> None:
+        """Wait for the trackers, all of them together at most run.tracker_close_timeout_s."""
+        deadline = time.monotonic() + self.close_timeout_s
+        for worker in self.workers:
+            worker.close(max(deadline - time.monotonic(), 0.0))
