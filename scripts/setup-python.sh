@@ -131,14 +131,15 @@ fi
 echo "$hvdkey" > "$VENV/.hpcdp-horovod"
 
 # --- the project -----------------------------------------------------------
-# With the model libraries (the `models` extra), each matched to the torch in use: torch is
+# With the experiment trackers (the `mlflow` and `wandb` extras: the tests run both) and
+# the model libraries (the `models` extra), each matched to the torch in use: torch is
 # pinned to the installed build in the same command, so pip never replaces it, and
 # torchvision is the release made for this torch (0.(minor + 15): torch 2.13 -> 0.28).
 torch_pin=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
 tv_minor=$(( $(echo "$torch_pin" | cut -d. -f2) + 15 ))
-log "installing hpcdp (editable) with its test tools and the model libraries (torchvision 0.$tv_minor for torch $torch_pin)"
+log "installing hpcdp (editable) with its test tools, the trackers and the model libraries (torchvision 0.$tv_minor for torch $torch_pin)"
 "${PIP[@]}" install --no-build-isolation "${find_horovod[@]}" --find-links "$h5dir" \
-  -e ".[dev,models]" "torch==$torch_pin" "torchvision==0.$tv_minor.*"
+  -e ".[dev,models,mlflow,wandb]" "torch==$torch_pin" "torchvision==0.$tv_minor.*"
 HOROVOD_KIND=$HOROVOD_KIND "$PY" - <<'PYEOF'
 import os, h5py, horovod.torch as hvd, torch
 assert h5py.get_config().mpi, "h5py was not built against parallel HDF5"
