@@ -117,8 +117,10 @@ def test_ranks_without_scontrol_leave_the_requeue_to_the_batch_shell_and_the_cap
     python.write_text(f"#!/bin/bash\nexport PATH={VENV}/bin\nexec {VENV}/bin/python \"$@\"\n")
     python.chmod(0o755)
     run = tmp_path / "run"
+    # Only the signals end this job: a quiet machine runs a few hundred digits steps in a
+    # second (the restart once finished 200 before the second USR1 reached it).
     job = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH),
-                               *train_args(run, data, 200, "preempt.max_requeues=1"),
+                               *train_args(run, data, 20000, "preempt.max_requeues=1"),
                                cwd=tmp_path, env={"HPCDP_PYTHON": str(python)})
     signal_when(job, slurm_cluster, run, 3)
     job.wait_for("the restart", lambda: "(restart 1)" in job.output(), timeout=120)
