@@ -76,8 +76,8 @@ def main() -> None:
         prepare(root / "data")
         results: dict[str, list[dict[str, object]]] = {}
         for round_ in range(args.repeats):
-            for name, overrides in settings(silent.getsockname()[1]).items():
-                run = root / f"run-{round_}-{len(results.get(name, []))}-{name[:6]}"
+            for index, (name, overrides) in enumerate(settings(silent.getsockname()[1]).items()):
+                run = root / f"run-{round_}-{index}"  # a fresh folder: never a resume
                 results.setdefault(name, []).append(
                     one_run(root / "data", run, overrides, args.epochs))
     base_rate = statistics.median(r["rate"] for r in results["off"])
