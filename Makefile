@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # make test runs its tests on two pytest-xdist workers: a multi-rank test spends much of
 # its time starting ranks and waiting, so one stream leaves a 2-core machine half idle.
-# The Slurm tests share one worker (tests/conftest.py, work_unit). PYTEST_WORKERS=0 runs one stream.
+# The Slurm tests share one worker (tests/conftest.py, work_unit).
+# PYTEST_WORKERS=0 runs one stream.
 PYTEST_WORKERS ?= 2
 
 export OMPI_ALLOW_RUN_AS_ROOT := 1

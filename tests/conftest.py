@@ -55,9 +55,8 @@ def work_unit(nodeid: str) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """make test's scheduler under pytest-xdist: `work_unit` decides what shares a worker.
-    It is chosen here, by node id, rather than by `xdist_group` marks: pytest-xdist 3.8
-    groups marked tests by rewriting `item._nodeid`, which pytest 9.2's items no longer
-    read, so under `--dist loadgroup` the Slurm tests went to both workers."""
+    It groups by node id, not by `xdist_group` marks, because pytest-xdist 3.8 applies a
+    mark by rewriting `item._nodeid`, which pytest 9.2's items no longer read."""
     from xdist.scheduler import LoadScopeScheduling
 
     class SlurmTogether(LoadScopeScheduling):
