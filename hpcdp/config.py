@@ -81,6 +81,8 @@ class RunConfig:
     mlflow_uri: str = ""
     # at the end of a run, wait at most this long for trackers to send what they hold
     tracker_close_timeout_s: float = 30.0
+    # an MLflow server that does not answer its health check in this long is off for the run
+    tracker_connect_timeout_s: float = 5.0
 
 
 @dataclass
@@ -859,9 +861,10 @@ def _validate_trackers(run: RunConfig) -> None:
         raise ConfigError(f"run.trackers={run.trackers}: a tracker is named twice")
     if run.trackers and not run.tracker_project:
         raise ConfigError("run.tracker_project must not be empty with run.trackers set")
-    if not 0 <= run.tracker_close_timeout_s < math.inf:
-        raise ConfigError(f"run.tracker_close_timeout_s={run.tracker_close_timeout_s:g}: must be "
-                          "a finite number of seconds, at least 0")
+    for key in ("tracker_close_timeout_s", "tracker_connect_timeout_s"):
+        if not 0 <= getattr(run, key) < math.inf:
+            raise ConfigError(f"run.{key}={getattr(run, key):g}: must be a finite number of "
+                              "seconds, at least 0")
 
 
 def stage_name_error(key: str, name: str) -> str | None:

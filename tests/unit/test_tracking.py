@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpcdp.train.tracking import state
-from hpcdp.train.tracking.hub import group_of, missed_records
+from hpcdp.train.tracking.child import missed_records
+from hpcdp.train.tracking.hub import group_of
 from hpcdp.train.tracking.mlflow_run import chunks, store_uri
 from hpcdp.train.tracking.records import (
     CommitBuffer,

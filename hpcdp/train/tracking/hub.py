@@ -1,8 +1,8 @@
 """The Reporter's one handle on a run's trackers (rank 0 only; no tracker, no handle).
 
-Each tracker gets its own buffer and thread: a record goes to a tracker once a
-checkpoint covers its step, or at the normal end of the run (records.CommitBuffer),
-so a resumed run never sends a step twice.
+Each tracker gets its own buffer and process (hpcdp.train.tracking.process): a record
+goes to a tracker once a checkpoint covers its step, or at the normal end of the run
+(records.CommitBuffer), so a resumed run never sends a step twice.
 """
 
 from __future__ import annotations
@@ -10,16 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hpcdp.config import Config
 from hpcdp.train.tracking import state
 from hpcdp.train.tracking.mlflow_run import MlflowSink, store_uri
-from hpcdp.train.tracking.records import CommitBuffer, Record, catch_up, parse_jsonl
+from hpcdp.train.tracking.process import TrackerProcess
+from hpcdp.train.tracking.records import CommitBuffer, Record
 from hpcdp.train.tracking.wandb_run import WandbSink
-from hpcdp.train.tracking.worker import Sink, Worker
 
 log = logging.getLogger("hpcdp.train.tracking")
 
@@ -40,15 +39,22 @@ def group_of(configured: str, run_dir: Path, environ: Mapping[str, str]) -> str:
     return ""
 
 
-def make_sink(name: str, cfg: Config, environ: Mapping[str, str]) -> Sink:
+def sink_spec(name: str, cfg: Config, environ: Mapping[str, str]) -> dict[str, Any]:
+    """How the tracker's process builds its sink: {"factory": "module:Class", "args"}
+    (plain data, pure)."""
     run, run_dir = cfg.run, cfg.run_dir
     group = group_of(run.tracker_group, run_dir, environ)
     if name == "mlflow":
-        return MlflowSink(store_uri(run.mlflow_uri, environ, run_dir), run.tracker_project,
-                          run_dir.resolve().name, group, cfg.to_dict())
+        return {"factory": f"{MlflowSink.__module__}:MlflowSink", "args": {
+            "uri": store_uri(run.mlflow_uri, environ, run_dir),
+            "experiment": run.tracker_project, "run_name": run_dir.resolve().name,
+            "group": group, "config": cfg.to_dict(),
+            "connect_timeout_s": run.tracker_connect_timeout_s}}
     if name == "wandb":
-        return WandbSink(run_dir / state.FOLDER, run.tracker_project, run_dir.resolve().name,
-                         group, cfg.to_dict(), environ)
+        return {"factory": f"{WandbSink.__module__}:WandbSink", "args": {
+            "folder": str(run_dir / state.FOLDER), "project": run.tracker_project,
+            "run_name": run_dir.resolve().name, "group": group, "config": cfg.to_dict(),
+            "mode": environ.get("WANDB_MODE", "")}}
     raise ValueError(f"no tracker {name!r}")  # config.validate names the known ones
 
 
@@ -65,20 +71,10 @@ def remembered(run_dir: Path, name: str, resumed: bool) -> state.TrackerState:
         return state.TrackerState()
 
 
-def missed_records(path: Path, resumed_step: int, sent: Mapping[str, int]) -> list[Record]:
-    """What the metrics file holds up to the resumed checkpoint that a tracker run with
-    `sent` lacks (the file is missing: nothing)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    return catch_up(parse_jsonl(text.splitlines()), sent, resumed_step)
-
-
 class Trackers:
-    """Records in, to every tracker of the run, on their own threads."""
+    """Records in, to every tracker of the run, each in its own process."""
 
-    def __init__(self, workers: list[Worker], close_timeout_s: float) -> None:
+    def __init__(self, workers: list[TrackerProcess], close_timeout_s: float) -> None:
         self.workers = workers
         self.buffers = [CommitBuffer(w.known.sent) for w in workers]
         self.close_timeout_s = close_timeout_s
@@ -86,18 +82,19 @@ class Trackers:
     @classmethod
     def start(cls, cfg: Config, resumed_step: int | None,
               environ: Mapping[str, str]) -> Trackers | None:
-        """The run's trackers, each on its own thread; `resumed_step`: the step of the
+        """The run's trackers, each in its own process; `resumed_step`: the step of the
         checkpoint resumed, None on a fresh start."""
         if not cfg.run.trackers:
             return None
         missed = None
         if resumed_step is not None and cfg.log.jsonl:
-            missed = partial(missed_records, cfg.run_dir / "metrics.jsonl", resumed_step)
-        workers = [Worker(make_sink(name, cfg, environ), cfg.run_dir,
-                          remembered(cfg.run_dir, name, resumed_step is not None),
-                          missed=missed)
+            missed = (cfg.run_dir / "metrics.jsonl", resumed_step)
+        timeout = cfg.run.tracker_close_timeout_s
+        workers = [TrackerProcess(name, sink_spec(name, cfg, environ), cfg.run_dir,
+                                  remembered(cfg.run_dir, name, resumed_step is not None),
+                                  missed, timeout)
                    for name in cfg.run.trackers]
-        return cls(workers, cfg.run.tracker_close_timeout_s)
+        return cls(workers, timeout)
 
     def record(self, kind: str, step: int, values: Mapping[str, Any], when: float) -> None:
         for buffer in self.buffers:

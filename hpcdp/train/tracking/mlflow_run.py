@@ -4,7 +4,7 @@ folder (`hpcdp[mlflow]`).
 The store is `run.mlflow_uri`, else MLFLOW_TRACKING_URI, else an SQLite file in the run
 folder (trackers/mlflow.db), which works offline and is read by `mlflow ui
 --backend-store-uri sqlite:///...`. Only MlflowClient is used, never mlflow's active
-run: the calls run on the tracker's own thread (hpcdp.train.tracking.worker).
+run: the calls run in the tracker's own process (hpcdp.train.tracking.child).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,18 +39,39 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def check_server(uri: str, timeout_s: float) -> None:
+    """ConnectionError unless the server answers its health check within `timeout_s`.
+
+    Any HTTP answer will do (a proxy's 401 included): the check is there because MLflow's
+    client retries a server that refuses, or waits on one that never answers, for
+    minutes per call, and the run's close would wait for it.
+    """
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError:
+        pass
+    except (OSError, ValueError) as e:  # URLError, a timeout, a refused connection
+        reason = getattr(e, "reason", e)
+        raise ConnectionError(f"the MLflow server {uri} did not answer within {timeout_s:g} s "
+                              f"(run.tracker_connect_timeout_s): {reason}") from e
+
+
 class MlflowSink:
     name = "mlflow"
 
     def __init__(self, uri: str, experiment: str, run_name: str, group: str,
-                 config: Mapping[str, Any]) -> None:
+                 config: Mapping[str, Any], connect_timeout_s: float = 5.0) -> None:
         self.uri, self.experiment, self.run_name, self.group = uri, experiment, run_name, group
+        self.connect_timeout_s = connect_timeout_s
         self.params = flat_params(config)
         self.client: Any = None
         self.run_id = ""
 
     def open(self, run_id: str | None) -> str:
         """The MLflow run of `run_id` when the store still has it, else a new one."""
+        if self.uri.startswith(("http://", "https://")):
+            check_server(self.uri, self.connect_timeout_s)
         from mlflow.tracking import MlflowClient  # ~1.5 s of imports, on this thread
 
         for noisy in ("mlflow", "alembic"):  # the SQLite store's "creating tables" lines

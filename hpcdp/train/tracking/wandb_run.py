@@ -39,11 +39,11 @@ def settled(open_row: list[Record], records: list[Record]) -> tuple[list[Record]
 class WandbSink:
     name = "wandb"
 
-    def __init__(self, folder: Path, project: str, run_name: str, group: str,
-                 config: Mapping[str, Any], environ: Mapping[str, str]) -> None:
-        self.folder, self.project, self.run_name, self.group = folder, project, run_name, group
-        self.config = dict(config)
-        self.mode = environ.get("WANDB_MODE") or "offline"
+    def __init__(self, folder: str, project: str, run_name: str, group: str,
+                 config: Mapping[str, Any], mode: str = "") -> None:
+        """`mode`: WANDB_MODE as the job has it (empty: offline)."""
+        self.folder, self.project, self.run_name = Path(folder), project, run_name
+        self.group, self.config, self.mode = group, dict(config), mode or "offline"
         self.run: Any = None
         self.open_row: list[Record] = []  # logged, at the step wandb still holds open
 

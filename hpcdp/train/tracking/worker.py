@@ -99,6 +99,10 @@ class Worker:
             return False
         return True
 
+    def wait(self) -> None:
+        """Until the thread has ended: closed after sending all it held, or failed."""
+        self._thread.join()
+
     def warn(self, message: str) -> None:
         """The one warning of this tracker (later troubles are only logged at debug)."""
         text = f"tracker {self.sink.name}: {message}"
