@@ -83,6 +83,9 @@ class RunConfig:
     tracker_close_timeout_s: float = 30.0
     # an MLflow server that does not answer its health check in this long is off for the run
     tracker_connect_timeout_s: float = 5.0
+    # at the normal end of a run, export the model (`hpcdp export`) into the run folder's
+    # model/ and log that folder to every tracker as an artifact
+    tracker_model: bool = False
 
 
 @dataclass
@@ -859,6 +862,9 @@ def _validate_trackers(run: RunConfig) -> None:
                               f"pip install 'hpcdp[{name}]'")
     if len(set(run.trackers)) != len(run.trackers):
         raise ConfigError(f"run.trackers={run.trackers}: a tracker is named twice")
+    if run.tracker_model and not run.trackers:
+        raise ConfigError("run.tracker_model=true logs the model to the trackers, but "
+                          "run.trackers is empty")
     if run.trackers and not run.tracker_project:
         raise ConfigError("run.tracker_project must not be empty with run.trackers set")
     for key in ("tracker_close_timeout_s", "tracker_connect_timeout_s"):

@@ -142,11 +142,33 @@ def check_wandb(run: Path, records: list[dict]) -> None:
         tomllib.loads((run / "config.toml").read_text())
 
 
+def check_model(run: Path, tmp_path: Path) -> None:
+    """The finished run's export, in the run folder, in the MLflow run's artifacts (byte
+    for byte) and in the W&B run as a model artifact; the stopped segments logged none."""
+    from mlflow.tracking import MlflowClient
+
+    exported = sorted(p.name for p in (run / "model").iterdir())
+    assert {"config.json", "model.safetensors"} <= set(exported)
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'trackers' / 'mlflow.db'}")
+    run_id = state.read(run, "mlflow").run_id
+    listed = sorted(Path(a.path).name for a in client.list_artifacts(run_id, "model"))
+    assert listed == exported
+    copy = Path(client.download_artifacts(run_id, "model", str(tmp_path / "got")))
+    for name in exported:
+        assert (copy / name).read_bytes() == (run / "model" / name).read_bytes(), name
+    assert (run / "trackers" / "mlflow-artifacts").is_dir()  # in the run folder, not ./mlruns
+    files = sorted((run / "trackers" / "wandb").glob("offline-run-*/run-*.wandb"))
+    models = [r.artifact for f in files for r in wandb_records(f)
+              if r.WhichOneof("record_type") == "artifact"]
+    assert [(a.type, sorted(Path(e.path).name for e in a.manifest.contents)) for a in models] \
+        == [("model", exported)]
+
+
 def test_stop_kill_and_resumes_leave_one_tracker_run(args, ranks, data: Path,
                                                      tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     run, env = tmp_path / "run", tracker_env(tmp_path)
-    overrides = args(data, run, 'run.trackers=["mlflow", "wandb"]')
+    overrides = args(data, run, 'run.trackers=["mlflow", "wandb"]', "run.tracker_model=true")
     first = ranks(SIGNAL, *overrides, np=2, timeout=BOUND,
                   env={**env, "HPCDP_TEST_SIGNAL_AT": "7"})
     assert "preempted at step 8: checkpoint written to" in first.output
@@ -167,6 +189,7 @@ def test_stop_kill_and_resumes_leave_one_tracker_run(args, ranks, data: Path,
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(2, 31, 2))
     check_mlflow(run, records)
     check_wandb(run, records)
+    check_model(run, tmp_path)
 
 
 @pytest.fixture

@@ -43,6 +43,11 @@ class FileSink:
         self._write(["log", [[r.kind, r.step, dict(r.values)] for r in records]])
         return records
 
+    def log_model(self, folder):
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(folder)
+        self._write(["model", sorted(p.name for p in Path(folder).iterdir())])
+
     def finish(self, summary, stopped):
         self._write(["finish", summary, stopped])
 
@@ -147,6 +152,24 @@ def test_a_hanging_tracker_is_killed_at_the_bound(
     assert tracker.proc is not None and tracker.proc.returncode is not None
     (only,) = warnings_of(caplog)  # the drop warned; the kill after it only at debug
     assert "later ones are dropped" in only
+
+
+def test_the_model_goes_with_the_run_or_is_left_out_with_a_warning(
+        tmp_path: Path, sink_module: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "hpcdp")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    tracker = TrackerProcess("test", spec(sink_module), tmp_path, state.TrackerState(),
+                             None, close_timeout_s=10.0)
+    tracker.model(model)
+    tracker.model(tmp_path / "missing")  # the tracker cannot store it: the run goes on
+    tracker.finish({"steps": 1}, None)
+    assert tracker.close(10.0)
+    assert got(sink_module) == [["open", None], ["model", ["config.json"]],
+                                ["finish", {"steps": 1}, None]]
+    (only,) = warnings_of(caplog)
+    assert "tracker test: could not store the model" in only and "missing" in only
 
 
 def test_the_child_imports_this_hpcdp() -> None:

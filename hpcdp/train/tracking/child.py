@@ -7,9 +7,10 @@ process runs niced, on every core the job may use, and ignores the signals a
 scheduler or a terminal sends the job: it ends when rank 0 closes its input, after
 sending what it holds (rank 0 bounds that wait and kills it after).
 
-Input, one JSON value per line: first the job (`job_line`), then ["log", [records]]
-or ["finish", [summary, stopped]]; the end of input closes. Log lines go back to rank
-0's log on the descriptor given by --messages, as "<level> <message>" lines.
+Input, one JSON value per line: first the job (`job_line`), then ["log", [records]],
+["model", folder] or ["finish", [summary, stopped]]; the end of input closes. Log
+lines go back to rank 0's log on the descriptor given by --messages, as "<level>
+<message>" lines.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def job_line(sink: Mapping[str, Any], run_dir: Path, known: state.TrackerState,
 def records_line(records: list[Record]) -> str:
     """A "log" input line (pure)."""
     return json.dumps(["log", [[r.kind, r.step, dict(r.values), r.time] for r in records]]) + "\n"
+
+
+def model_line(folder: Path) -> str:
+    return json.dumps(["model", str(folder)]) + "\n"
 
 
 def finish_line(summary: Mapping[str, Any] | None, stopped: str | None) -> str:
@@ -103,6 +108,8 @@ def feed(worker: Worker, lines: IO[str], close_timeout_s: float) -> bool:
         what, payload = json.loads(line)
         if what == "log":
             worker.send([Record(k, s, v, t) for k, s, v, t in payload])
+        elif what == "model":
+            worker.model(Path(payload))
         else:
             worker.finish(*payload)
     return worker.close(close_timeout_s)

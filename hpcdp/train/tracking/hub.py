@@ -8,6 +8,9 @@ goes to a tracker once a checkpoint covers its step, or at the normal end of the
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,8 +18,8 @@ from typing import Any
 
 from hpcdp.config import Config
 from hpcdp.train.tracking import state
-from hpcdp.train.tracking.mlflow_run import MlflowSink, store_uri
-from hpcdp.train.tracking.process import TrackerProcess
+from hpcdp.train.tracking.mlflow_run import MlflowSink, artifact_root, store_uri
+from hpcdp.train.tracking.process import TrackerProcess, child_environment
 from hpcdp.train.tracking.records import CommitBuffer, Record
 from hpcdp.train.tracking.wandb_run import WandbSink
 
@@ -45,8 +48,9 @@ def sink_spec(name: str, cfg: Config, environ: Mapping[str, str]) -> dict[str, A
     run, run_dir = cfg.run, cfg.run_dir
     group = group_of(run.tracker_group, run_dir, environ)
     if name == "mlflow":
+        uri = store_uri(run.mlflow_uri, environ, run_dir)
         return {"factory": f"{MlflowSink.__module__}:MlflowSink", "args": {
-            "uri": store_uri(run.mlflow_uri, environ, run_dir),
+            "uri": uri, "artifact_root": artifact_root(uri, run_dir),
             "experiment": run.tracker_project, "run_name": run_dir.resolve().name,
             "group": group, "config": cfg.to_dict(),
             "connect_timeout_s": run.tracker_connect_timeout_s}}
@@ -71,13 +75,40 @@ def remembered(run_dir: Path, name: str, resumed: bool) -> state.TrackerState:
         return state.TrackerState()
 
 
+def export_model(checkpoint: str | None, out: Path, timeout_s: float) -> Path | None:
+    """`hpcdp export` of the run's last checkpoint into `out`, in a process of its own
+    (bounded by `timeout_s`); None, with a warning, when it cannot be made."""
+    if not checkpoint:
+        log.warning("run.tracker_model: the run wrote no checkpoint, so no model goes to the "
+                    "trackers")
+        return None
+    command = [sys.executable, "-m", "hpcdp", "export", checkpoint, "--out", str(out)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              env=child_environment(os.environ))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning(f"run.tracker_model: the export of {checkpoint} failed ({e}); no model "
+                    "goes to the trackers")
+        return None
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
+        log.warning(f"run.tracker_model: the export of {checkpoint} failed ({why[0]}); no "
+                    "model goes to the trackers")
+        return None
+    return out
+
+
 class Trackers:
     """Records in, to every tracker of the run, each in its own process."""
 
-    def __init__(self, workers: list[TrackerProcess], close_timeout_s: float) -> None:
+    def __init__(self, workers: list[TrackerProcess], close_timeout_s: float,
+                 model_folder: Path | None = None) -> None:
+        """`model_folder`: where the finished run's model is exported for the trackers
+        (run.tracker_model), or None."""
         self.workers = workers
         self.buffers = [CommitBuffer(w.known.sent) for w in workers]
         self.close_timeout_s = close_timeout_s
+        self.model_folder = model_folder
 
     @classmethod
     def start(cls, cfg: Config, resumed_step: int | None,
@@ -94,7 +125,7 @@ class Trackers:
                                   remembered(cfg.run_dir, name, resumed_step is not None),
                                   missed, timeout)
                    for name in cfg.run.trackers]
-        return cls(workers, timeout)
+        return cls(workers, timeout, cfg.run_dir / "model" if cfg.run.tracker_model else None)
 
     def record(self, kind: str, step: int, values: Mapping[str, Any], when: float) -> None:
         for buffer in self.buffers:
@@ -108,11 +139,17 @@ class Trackers:
     def end(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         """The run finished (`summary`: everything held goes out), or stopped (what no
         checkpoint covers is dropped: the resumed run trains and sends it again)."""
+        model = None
+        if not stopped and summary and self.model_folder is not None:
+            model = export_model(summary.get("checkpoint"), self.model_folder,
+                                 self.close_timeout_s)
         for worker, buffer in zip(self.workers, self.buffers):
             if stopped:
                 buffer.drop()
             else:
                 worker.send(buffer.release_all())
+            if model is not None:
+                worker.model(model)
             worker.finish(summary, stopped)
 
     def close(self) -> None:

@@ -26,6 +26,14 @@ PARAMS_PER_BATCH, METRICS_PER_BATCH, PARAM_VALUE_CHARS = 100, 1000, 6000
 GROUP_TAG = "hpcdp.group"
 
 
+def artifact_root(uri: str, run_dir: Path) -> str:
+    """The run folder's trackers/mlflow-artifacts for the run folder's own store; else
+    empty (a server or a user's store keeps its own)."""
+    if uri == store_uri("", {}, run_dir):
+        return (run_dir / state.FOLDER / "mlflow-artifacts").resolve().as_uri()
+    return ""
+
+
 def store_uri(configured: str, environ: Mapping[str, str], run_dir: Path) -> str:
     """run.mlflow_uri, else MLFLOW_TRACKING_URI, else the run folder's SQLite store (pure)."""
     if configured:
@@ -61,9 +69,12 @@ class MlflowSink:
     name = "mlflow"
 
     def __init__(self, uri: str, experiment: str, run_name: str, group: str,
-                 config: Mapping[str, Any], connect_timeout_s: float = 5.0) -> None:
+                 config: Mapping[str, Any], connect_timeout_s: float = 5.0,
+                 artifact_root: str = "") -> None:
+        """`artifact_root`: where a new experiment keeps its files (empty: the store's
+        default, which for a local store is ./mlruns in the working directory)."""
         self.uri, self.experiment, self.run_name, self.group = uri, experiment, run_name, group
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_s, self.artifact_root = connect_timeout_s, artifact_root
         self.params = flat_params(config)
         self.client: Any = None
         self.run_id = ""
@@ -118,6 +129,9 @@ class MlflowSink:
             self.client.set_tag(self.run_id, "hpcdp.stopped", stopped)
         self.client.set_terminated(self.run_id, "KILLED" if stopped else "FINISHED")
 
+    def log_model(self, folder: Path) -> None:
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path="model")
+
     def _existing(self, run_id: str) -> dict[str, str] | None:
         """The parameters the store holds for `run_id`, or None when it has no such run."""
         from mlflow.exceptions import MlflowException
@@ -132,7 +146,8 @@ class MlflowSink:
         if found is not None:
             return found.experiment_id
         try:
-            return self.client.create_experiment(self.experiment)
+            return self.client.create_experiment(self.experiment,
+                                                 artifact_location=self.artifact_root or None)
         except Exception:  # another array task created it first (a shared server)
             found = self.client.get_experiment_by_name(self.experiment)
             if found is None:

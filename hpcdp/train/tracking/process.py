@@ -56,6 +56,9 @@ class TrackerProcess:
         if records:
             self._put(child.records_line(records))
 
+    def model(self, folder: Path) -> None:
+        self._put(child.model_line(folder))
+
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         self._put(child.finish_line(summary, stopped))
 

@@ -66,6 +66,13 @@ class WandbSink:
         held, self.open_row = settled(self.open_row, records)
         return held
 
+    def log_model(self, folder: Path) -> None:
+        import wandb
+
+        artifact = wandb.Artifact(f"{self.run.id}-model", type="model")
+        artifact.add_dir(str(folder))
+        self.run.log_artifact(artifact)
+
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         if summary is not None:
             self.run.summary.update(scalars(summary))

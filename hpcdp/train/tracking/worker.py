@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from hpcdp.train.tracking import state
 from hpcdp.train.tracking.records import Record
@@ -45,6 +45,13 @@ class Sink(Protocol):
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         """End the tracker run: finished with `summary`, or stopped (preempted) for now;
         everything logged is then held for good."""
+
+
+class ModelSink(Sink, Protocol):
+    """A tracker that also keeps files (run.tracker_model)."""
+
+    def log_model(self, folder: Path) -> None:
+        """Store the exported model folder with the tracker run."""
 
 
 def last_steps(records: list[Record]) -> dict[str, int]:
@@ -81,6 +88,9 @@ class Worker:
     def send(self, records: list[Record]) -> None:
         if records:
             self._put(("log", records))
+
+    def model(self, folder: Path) -> None:
+        self._put(("model", folder))
 
     def finish(self, summary: Mapping[str, Any] | None, stopped: str | None) -> None:
         self._put(("finish", (summary, stopped)))
@@ -140,9 +150,19 @@ class Worker:
             if payload:
                 self.logged = latest(self.logged, last_steps(payload))
                 self._remember(last_steps(self.sink.log(payload)))
+        elif what == "model":
+            self._log_model(payload)
         else:
             self.sink.finish(*payload)
             self._remember(self.logged)
+
+    def _log_model(self, folder: Path) -> None:
+        """The model goes with the run, or is left out with a warning: the metrics and the
+        run's end still go to the tracker."""
+        try:
+            cast(ModelSink, self.sink).log_model(folder)
+        except Exception as e:  # noqa: BLE001 - a tracker's own errors, whatever they are
+            self.warn(f"could not store the model {folder}: {type(e).__name__}: {e}")
 
     def _remember(self, held: Mapping[str, int]) -> None:
         """The state file's last steps, once the tracker holds them for good."""
