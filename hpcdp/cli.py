@@ -33,7 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("hpcdp.export.predict", "top classes of image files under an exported model"),
     "report": ("hpcdp.train.report_command",
                "draw where each rank's time went (PNG) from a run's metrics.jsonl"),
-    "checkpoint": ("hpcdp.train.checkpoint_files",
+    "checkpoint": ("hpcdp.train.checkpoint_convert",
                    "convert a checkpoint from before safe loading, once"),
 }
 

@@ -33,7 +33,8 @@ from hpcdp.config import ConfigError
 from hpcdp.export import bundle
 from hpcdp.models import spec as specs
 from hpcdp.tasks import rebuild
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 from hpcdp.train.trained import Trained, load
 
 
@@ -135,12 +136,12 @@ def lm_tokenizer(config: Mapping[str, Any], attrs: Mapping[str, Any]
         raw = bundle.read_small(path, bundle.MAX_TOKENIZER_BYTES, follow=True)
         text = raw.decode("utf-8")
     except bundle.ExportError as exc:
-        raise ckpt.CheckpointError(f"{exc}; not exported") from None
+        raise ckformat.CheckpointError(f"{exc}; not exported") from None
     except UnicodeDecodeError as exc:
-        raise ckpt.CheckpointError(f"{path}: not UTF-8 text ({exc}); not exported") from None
+        raise ckformat.CheckpointError(f"{path}: not UTF-8 text ({exc}); not exported") from None
     if hashlib.sha256(raw).hexdigest() != sha:
-        raise ckpt.CheckpointError(f"{path}: its sha256 is not the {str(sha)[:16]}... the "
-                                   "training data was made with; not exported")
+        raise ckformat.CheckpointError(f"{path}: its sha256 is not the {str(sha)[:16]}... the "
+                                       "training data was made with; not exported")
     return entry, text
 
 
@@ -195,9 +196,9 @@ def export_config(trained: Trained, attrs: Mapping[str, Any]) -> tuple[dict[str,
     return out, text
 
 
-def export(source: Path, out: Path, trust: ckpt.Trust | None = None) -> dict[str, Any]:
+def export(source: Path, out: Path, trust: cktrust.Trust | None = None) -> dict[str, Any]:
     """Write the export folder of `source` (run folder or checkpoint); returns config.json."""
-    trained = load(source, trust or ckpt.Trust())
+    trained = load(source, trust or cktrust.Trust())
     attrs = data_attrs(trained.config)
     config, text = export_config(trained, attrs)
     bundle.write(out, specs.own_tensors(trained.model), config, text)
@@ -219,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(p, argv)
     try:
-        config = export(args.source, args.out, ckpt.Trust(args.allow_group_write))
-    except (ckpt.CheckpointError, specs.SpecError, bundle.ExportError, ConfigError,
+        config = export(args.source, args.out, cktrust.Trust(args.allow_group_write))
+    except (ckformat.CheckpointError, specs.SpecError, bundle.ExportError, ConfigError,
             OSError) as e:
         print(f"hpcdp export: error: {e}", file=sys.stderr)
         return 2

@@ -39,10 +39,10 @@ def open_model(source: Path, allow_group_write: bool = False
         return net, config, bundle.read_tokenizer(source, config)
     # A run folder or checkpoint: read as resume does (imports the training side).
     from hpcdp.export.command import data_attrs, export_config
-    from hpcdp.train import checkpoint_files as ckpt
+    from hpcdp.train import checkpoint_trust as cktrust
     from hpcdp.train.trained import load as load_trained
 
-    trained = load_trained(source, ckpt.Trust(allow_group_write))
+    trained = load_trained(source, cktrust.Trust(allow_group_write))
     config, tokenizer_json = export_config(trained, data_attrs(trained.config))
     return trained.model, config, tokenizer_json
 
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from hpcdp.train.checkpoint_files import CheckpointError
+    from hpcdp.train.checkpoint_format import CheckpointError
 
     try:
         return run(args)

@@ -29,7 +29,7 @@ from hpcdp.data.read.protocol import TrainingReader
 from hpcdp.data.staging import collective as staging
 from hpcdp.runtime import dist, faults, watchdog
 from hpcdp.runtime.preempt import Preemption, after_stop
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_format as ckformat
 from hpcdp.train import setup, startup
 from hpcdp.train.checkpoints import CheckpointManager, Parts, TrainState
 from hpcdp.train.hooks import Hooks
@@ -235,8 +235,8 @@ class Session:
         parts = self._started()
         error = None
         try:
-            ckpt.to_safe(parts.extra, "the session's extra state")
-        except ckpt.CheckpointError as e:
+            ckformat.to_safe(parts.extra, "the session's extra state")
+        except ckformat.CheckpointError as e:
             error = str(e)
         dist.agree(error, "extra")                           # collective: hpcdp.agree.extra
         path, note = self._ckpts.save(parts, self.state)

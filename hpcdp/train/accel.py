@@ -8,7 +8,7 @@ hooks (flat buckets, Horovod's DistributedOptimizer), the broadcast and the
 checkpoints see the same names compiled or not, and a checkpoint written by one
 resumes in the other. A state dict that does carry the wrapper's `_orig_mod.`
 prefixes (saved from a `torch.compile` wrapper elsewhere) is read without them
-(`checkpoint_files.without_compile_prefix`).
+(`without_compile_prefix`).
 """
 
 from __future__ import annotations
@@ -88,3 +88,15 @@ def compile_model(model: torch.nn.Module, mode: str) -> None:
         inductor_config.compile_threads = torch.get_num_threads()
     model.compile(mode=None if mode == "default" else mode)
     log.debug(f"model compiled (torch.compile, mode {mode})")
+
+
+#: What a torch.compile wrapper puts before every key of its model's state dict.
+COMPILE_PREFIX = "_orig_mod."
+
+
+def without_compile_prefix(model_state: dict[str, Any]) -> dict[str, Any]:
+    """A model state dict with torch.compile's `_orig_mod.` prefixes taken off (at any
+    depth: a compiled submodule puts it mid-key), so that weights saved from a compiled
+    wrapper load into the plain model hpcdp trains (compiled in place, above); other keys and
+    the order unchanged."""
+    return {key.replace(COMPILE_PREFIX, ""): value for key, value in model_state.items()}

@@ -1,6 +1,8 @@
 """The checkpoint manager: when to save, what goes in, keep-k, and the resume protocol.
 
-The file format (checksummed, atomic) is hpcdp.train.checkpoint_files's; the policy is here:
+The file format (checksummed, atomic) is hpcdp.train.checkpoint_format's, who may have
+written a file hpcdp.train.checkpoint_trust's, the folder of numbered files
+hpcdp.train.checkpoint_folder's; the policy is here:
 
 - what a checkpoint holds is built in one place (`CheckpointManager.state`):
   model, optimizers, scaler, reader position, train state, every rank's RNG,
@@ -25,15 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from hpcdp import files
 from hpcdp.config import Config
 from hpcdp.runtime import dist, watchdog
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import accel
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 from hpcdp.train import schedule as sched
 from hpcdp.train.numerics import finite
 from hpcdp.train.setup import Run, seed_everything
@@ -111,7 +120,7 @@ def mixing_error(mode: str, folder: Path, listed: list[tuple[int, Path]]) -> str
         return (f"checkpoint.resume={mode}: resuming another run's checkpoint into {folder}, "
                 f"which holds checkpoints of its own (newest: {newest.name}); give this run "
                 "its own folder (run.dir=... or checkpoint.dir=...) or move those files away")
-    m = ckpt.NAME_RE.match(path.name)
+    m = ckfolder.NAME_RE.match(path.name)
     own_step = int(m.group(1)) if m else -1
     newer = [p.name for s, p in listed if s > own_step]
     if newer:
@@ -150,7 +159,7 @@ def batch_change_error(stored: int | None, current: int, name: str) -> str | Non
 
 
 def not_written_error(path: Path, error: Exception, folder: Path) -> str:
-    found = ckpt.list_checkpoints(folder)
+    found = ckfolder.list_checkpoints(folder)
     previous = (f"the previous checkpoint {found[0][1]} is intact" if found
                 else "there is no earlier checkpoint")
     return (f"checkpoint {path} was not written ({error}); {previous}. Free space (or fix the "
@@ -200,6 +209,61 @@ def load_compression(run: Parts, saved: list[Any]) -> list[str]:
     return notes
 
 
+# --------------------------------------------------------------------------- RNG state and fit
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's random generators as tensors and plain values (see restore_rng)."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),  # (version, 625 ints, gauss or None)
+        "numpy": ckformat.to_safe(np.random.get_state()),  # (name, keys as an int64 tensor, ...)
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the generators to what capture_rng saw (also from a converted legacy checkpoint)."""
+    version, internal, gauss = state["python"]
+    random.setstate((int(version), tuple(int(v) for v in internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((str(name), np.asarray(keys, dtype=np.uint32), int(pos),
+                         int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: str,
+                     name: str) -> None:
+    """Refuse a checkpoint written for another model (by name, then by tensor shapes)."""
+    saved_name = state.get("model_name")
+    if saved_name != model_name:
+        raise ckformat.CheckpointError(
+            f"{name} was written for model {saved_name!r}, but this run builds {model_name!r}"
+        )
+    saved = state.get("model")
+    if not isinstance(saved, dict):
+        raise ckformat.CheckpointError(f"{name} holds no model state")
+    saved = accel.without_compile_prefix(saved)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    extra = sorted(set(saved) - set(own))
+    if missing or extra:
+        raise ckformat.CheckpointError(
+            f"{name} does not fit model {model_name!r}: missing {missing[:3]}, unexpected "
+            f"{extra[:3]} (different width or options?)"
+        )
+    for key, tensor in own.items():
+        if tuple(saved[key].shape) != tuple(tensor.shape):
+            raise ckformat.CheckpointError(
+                f"{name} does not fit model {model_name!r}: {key} has shape "
+                f"{tuple(saved[key].shape)} there, {tuple(tensor.shape)} here"
+            )
+
+
 # --------------------------------------------------------------------------- the manager
 
 
@@ -212,8 +276,8 @@ class CheckpointManager:
         self.keep = cfg.checkpoint.keep
         self.every = cfg.checkpoint.every_steps
         self.root = root
-        self.trust = ckpt.Trust(cfg.checkpoint.allow_group_write,
-                                cfg.checkpoint.strict_permissions)
+        self.trust = cktrust.Trust(cfg.checkpoint.allow_group_write,
+                                   cfg.checkpoint.strict_permissions)
         # This rank's training-metric sums from the checkpoint resumed (MetricSums), or None
         self.metric_sums: dict[str, Any] | None = None
 
@@ -222,7 +286,7 @@ class CheckpointManager:
         return stopping or step == total_steps or bool(self.every and step % self.every == 0)
 
     def path(self, step: int) -> Path:
-        return ckpt.step_path(self.folder, step)
+        return ckfolder.step_path(self.folder, step)
 
     def state(self, run: Parts, train: TrainState, rngs: list[Any],
               metric_sums: list[Any], compression: list[Any] | None = None) -> dict[str, Any]:
@@ -258,7 +322,7 @@ class CheckpointManager:
         a warning when something after the write failed (the file is complete).
         """
         watchdog.section("checkpoint")
-        every = dist.allgather_object((ckpt.capture_rng(), metric_sums,
+        every = dist.allgather_object((capture_rng(), metric_sums,
                                        compression_states(run.optimizers)), "hpcdp.rng")
         path, error, note = self.path(train.step), None, None
         if self.root:
@@ -266,7 +330,7 @@ class CheckpointManager:
                 state = self.state(run, train, [r for r, _, _ in every],
                                    [m for _, m, _ in every], [c for _, _, c in every])
                 note = self.write(path, state)
-            except (OSError, ckpt.CheckpointError) as e:
+            except (OSError, ckformat.CheckpointError) as e:
                 error = not_written_error(path, e, self.folder)
         dist.agree(error, "save")
         return path, note
@@ -279,11 +343,11 @@ class CheckpointManager:
         """
         weights = state["model"]
         if not finite(t for t in weights.values() if t.is_floating_point()):
-            raise ckpt.CheckpointError("the model holds NaN/inf values")
-        ckpt.replace_atomic(path, ckpt.encode(state))
+            raise ckformat.CheckpointError("the model holds NaN/inf values")
+        ckformat.replace_atomic(path, ckformat.encode(state))
         try:
             files.sync_folder(self.folder)
-            ckpt.prune(self.folder, self.keep)
+            ckfolder.prune(self.folder, self.keep)
         except OSError as e:
             return (f"checkpoint {path} was written, but syncing or pruning {self.folder} "
                     f"failed afterwards: {e}")
@@ -291,7 +355,7 @@ class CheckpointManager:
 
     # -- resuming -----------------------------------------------------------------------
 
-    def newest_verified(self) -> tuple[ckpt.Found | None, list[str]]:
+    def newest_verified(self) -> tuple[ckfolder.Found | None, list[str]]:
         """Rank 0: the newest file that verifies; corrupt newer ones are moved aside.
 
         A folder or file that others could have written is refused (UntrustedError),
@@ -299,16 +363,16 @@ class CheckpointManager:
         """
         notes = []
         if self.folder.is_dir():
-            ckpt.check_trusted(self.folder.resolve(), self.trust)
-        for step, path in ckpt.list_checkpoints(self.folder):
+            cktrust.check_trusted(self.folder.resolve(), self.trust)
+        for step, path in ckfolder.list_checkpoints(self.folder):
             try:
-                return ckpt.Found(path, step, ckpt.read_verified(path, self.trust)), notes
-            except ckpt.UntrustedError:
+                return ckfolder.Found(path, step, cktrust.read_verified(path, self.trust)), notes
+            except cktrust.UntrustedError:
                 raise
-            except ckpt.CheckpointError as e:
-                if ckpt.is_corrupt(path):
+            except ckformat.CheckpointError as e:
+                if ckfolder.is_corrupt(path):
                     notes.append(f"skipping checkpoint: {e}; moved aside to "
-                                 f"{ckpt.set_aside(path).name}")
+                                 f"{ckfolder.set_aside(path).name}")
                 else:
                     notes.append(f"skipping checkpoint: {e}")
         return None, notes
@@ -317,7 +381,7 @@ class CheckpointManager:
         """Rank 0 only: what to resume from, as a message every rank can act on."""
         mode = self.cfg.checkpoint.resume
         try:
-            why = mixing_error(mode, self.folder, ckpt.list_checkpoints(self.folder))
+            why = mixing_error(mode, self.folder, ckfolder.list_checkpoints(self.folder))
             if why:
                 return {"kind": "error", "message": why}
             if mode == "none":
@@ -329,30 +393,30 @@ class CheckpointManager:
                 path, data = found.path, found.data
             else:
                 path, notes = Path(mode), []
-                data = ckpt.read_verified(path, self.trust)
+                data = cktrust.read_verified(path, self.trust)
             name = f"checkpoint {str(path)!r}"
-            self.check(ckpt.decode(data, str(path)), run, name)
+            self.check(ckformat.decode(data, str(path)), run, name)
             return {"kind": "resume", "path": str(path), "data": data, "notes": notes}
-        except (ckpt.CheckpointError, OSError) as e:
+        except (ckformat.CheckpointError, OSError) as e:
             return {"kind": "error", "message": str(e)}
 
     def check(self, state: dict[str, Any], run: Parts, name: str) -> None:
         """Refuse a checkpoint of another task, model or global batch."""
         task = state.get("task", "image")
         if task != run.task:
-            raise ckpt.CheckpointError(f"{name} was written for task {task!r}, but this run "
-                                       f"is task {run.task!r}")
-        ckpt.check_compatible(state, run.model, run.model_name, name)
+            raise ckformat.CheckpointError(f"{name} was written for task {task!r}, but this run "
+                                           f"is task {run.task!r}")
+        check_compatible(state, run.model, run.model_name, name)
         if self.cfg.optim.allow_lr_change:  # the user accepts another batch and rate knowingly
             return
         why = batch_change_error(stored_global_batch(state), run.global_batch, name)
         if why:
-            raise ckpt.CheckpointError(why)
+            raise ckformat.CheckpointError(why)
         if run.schedule is None:  # an own loop's rate is its own business
             return
         why = sched.lr_change_on_resume(state.get("schedule") or {}, run.schedule)
         if why:
-            raise ckpt.CheckpointError(f"{name}: {why}")
+            raise ckformat.CheckpointError(f"{name}: {why}")
 
     def resume(self, run: Parts) -> tuple[TrainState, str | None]:
         """Collective: rank 0 chooses, broadcasts the bytes, every rank loads, all agree."""
@@ -366,7 +430,7 @@ class CheckpointManager:
             return TrainState(), None
         error, train = None, TrainState()
         try:
-            train = self.load(ckpt.decode(decision["data"], decision["path"]), run)
+            train = self.load(ckformat.decode(decision["data"], decision["path"]), run)
         except Exception as e:  # noqa: BLE001 - e.g. a reader state this world cannot use
             error = f"checkpoint {decision['path']!r} cannot be resumed here: {e}"
         dist.agree(error, "resume")
@@ -374,11 +438,11 @@ class CheckpointManager:
 
     def load(self, state: dict[str, Any], run: Parts) -> TrainState:
         """Restore every part a checkpoint holds on this rank; returns the train state."""
-        run.model.load_state_dict(ckpt.without_compile_prefix(state["model"]))
+        run.model.load_state_dict(accel.without_compile_prefix(state["model"]))
         saved = state["optimizers"] if "optimizers" in state else [state["optimizer"]]
         if len(saved) != len(run.optimizers):
-            raise ckpt.CheckpointError(f"it holds {len(saved)} optimizer state(s), this run "
-                                       f"has {len(run.optimizers)} optimizer(s)")
+            raise ckformat.CheckpointError(f"it holds {len(saved)} optimizer state(s), this run "
+                                           f"has {len(run.optimizers)} optimizer(s)")
         for opt, opt_state in zip(run.optimizers, saved, strict=True):
             opt.load_state_dict(opt_state)
         if run.scaler is not None and state.get("scaler"):
@@ -389,7 +453,7 @@ class CheckpointManager:
             run.extra.update(state.get("extra") or {})
         rngs = state.get("rng") or []
         if len(rngs) == run.size:
-            ckpt.restore_rng(rngs[run.rank])
+            restore_rng(rngs[run.rank])
         else:  # another world size: fresh, distinct, reproducible streams per rank
             seed_everything(run.seed + run.rank + 1_000_003 * int(state["step"]))
         sums = state.get("metric_sums") or []  # another world size: the window starts afresh

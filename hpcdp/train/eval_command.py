@@ -34,7 +34,8 @@ from hpcdp.config import Config, ConfigError
 from hpcdp.runtime.crash import report_crashes
 from hpcdp.tasks import Task, image, rebuild
 from hpcdp.train import accel
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 from hpcdp.train.trained import checkpoint_of, run_config
 
 
@@ -80,7 +81,7 @@ def parse(argv: list[str] | None) -> Request:
         raise ConfigError("give --config, --run, or both")
     cfg = (cfgmod.build(args.config, args.overrides, tasks.defaults) if args.config
            else run_config(args.run, args.overrides))
-    trust = ckpt.Trust(cfg.checkpoint.allow_group_write, cfg.checkpoint.strict_permissions)
+    trust = cktrust.Trust(cfg.checkpoint.allow_group_write, cfg.checkpoint.strict_permissions)
     source = args.checkpoint or args.run or cfg.checkpoint_dir
     path = checkpoint_of(Path(source), trust)
     file = args.file or Path(cfg.data.path) / cfg.data.val_file
@@ -139,8 +140,8 @@ def build(req: Request, task: Task, rank: int, size: int, device: torch.device) 
     from hpcdp.train import setup, trained
 
     cfg = req.cfg
-    got = trained.load(req.checkpoint, ckpt.Trust(cfg.checkpoint.allow_group_write,
-                                                  cfg.checkpoint.strict_permissions))
+    got = trained.load(req.checkpoint, cktrust.Trust(cfg.checkpoint.allow_group_write,
+                                                     cfg.checkpoint.strict_permissions))
     if got.task != cfg.task.name:
         raise ConfigError(f"{req.checkpoint} holds a {got.task!r} model, but the config's "
                           f"task is {cfg.task.name!r}")
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     report_crashes()
     try:
         req = parse(argv)
-    except (ConfigError, ckpt.CheckpointError) as e:
+    except (ConfigError, ckformat.CheckpointError) as e:
         print(f"hpcdp eval: error: {e}", file=sys.stderr, flush=True)
         return 2
     from hpcdp.runtime import dist

@@ -1,9 +1,9 @@
 """A trained model from a run folder or a checkpoint file, read the way resume reads it.
 
-The checkpoint is read with the resume rules (hpcdp.train.checkpoint_files): who
-could have written the file and its folder, the checksum, and a weights-only load
-that runs no code. The network is rebuilt from the checkpoint alone
-(hpcdp.models.spec: the vocabulary, tables and input channels come from the
+The checkpoint is read with the resume rules (hpcdp.train.checkpoint_trust and
+checkpoint_format): who could have written the file and its folder, the checksum,
+and a weights-only load that runs no code. The network is rebuilt from the
+checkpoint alone (hpcdp.models.spec: the vocabulary, tables and input channels come from the
 weights; any other model by its task's builder from the recorded config and sample
 shape, hpcdp.tasks.rebuild), so neither the training data nor its folder is needed.
 """
@@ -22,7 +22,9 @@ from hpcdp import tasks
 from hpcdp.config import Config, ConfigError
 from hpcdp.models import spec as specs
 from hpcdp.tasks import rebuild
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 
 @dataclass
@@ -52,32 +54,32 @@ def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
     return cfgmod.build(path, overrides, tasks.defaults)
 
 
-def checkpoint_of(source: Path, trust: ckpt.Trust) -> Path:
+def checkpoint_of(source: Path, trust: cktrust.Trust) -> Path:
     """The checkpoint file `source` names: itself, or a run folder's newest that verifies."""
     if not source.is_dir():
         if not source.exists():
-            raise ckpt.CheckpointError(f"{source}: no such file or folder")
+            raise ckformat.CheckpointError(f"{source}: no such file or folder")
         return source
     folder = run_config(source).checkpoint_dir if (source / "config.toml").is_file() \
         else source
-    found = ckpt.find_latest(folder, trust)
+    found = ckfolder.find_latest(folder, trust)
     if found is None:
-        raise ckpt.CheckpointError(f"{source}: no checkpoint that verifies in {folder}")
+        raise ckformat.CheckpointError(f"{source}: no checkpoint that verifies in {folder}")
     return found.path
 
 
-def load(source: Path, trust: ckpt.Trust | None = None) -> Trained:
+def load(source: Path, trust: cktrust.Trust | None = None) -> Trained:
     """The model of a run folder's newest checkpoint, or of a checkpoint file.
 
     Raises CheckpointError (also UntrustedError) as a resume would, and SpecError
     when the weights do not make the model the checkpoint's config names.
     """
-    trust = trust or ckpt.Trust()
+    trust = trust or cktrust.Trust()
     path = checkpoint_of(source, trust)
-    state = ckpt.decode(ckpt.read_verified(path, trust), str(path))
+    state = ckformat.decode(cktrust.read_verified(path, trust), str(path))
     weights = state.get("model")
     if not isinstance(weights, dict):
-        raise ckpt.CheckpointError(f"{path}: holds no model state")
+        raise ckformat.CheckpointError(f"{path}: holds no model state")
     spec = rebuild.describe(str(state.get("task", "image")), str(state.get("model_name")),
                             state.get("config") or {}, weights, state.get("sample_shape"))
     net = rebuild.build(spec)

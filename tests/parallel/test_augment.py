@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -60,9 +61,9 @@ def train_args(data: Path, run: Path, *extra: str) -> list[str]:
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def test_stop_and_resume_with_augmentation_is_bitwise_identical(ranks, make_data,
@@ -71,7 +72,7 @@ def test_stop_and_resume_with_augmentation_is_bitwise_identical(ranks, make_data
     full, cut, plain = tmp_path / "full", tmp_path / "cut", tmp_path / "plain"
     ranks(TRAIN, *train_args(data, full), np=2, timeout=BOUND)
     ranks(TRAIN, *train_args(data, cut, "run.stop_at_step=7"), np=2, timeout=BOUND)  # mid-epoch
-    assert [s for s, _ in ck.list_checkpoints(cut / "checkpoints")] == [7]
+    assert [s for s, _ in ckfolder.list_checkpoints(cut / "checkpoints")] == [7]
     out = ranks(TRAIN, *train_args(data, cut), np=2, timeout=BOUND).output
     assert "resumed from" in out
     a, b = final_state(full), final_state(cut)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -38,9 +39,9 @@ MODELS = {
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def metrics(run: Path, kind: str) -> list[tuple]:

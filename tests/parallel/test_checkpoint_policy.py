@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
 
 pytestmark = pytest.mark.parallel
 
@@ -33,7 +33,7 @@ RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key w
 
 
 def steps_in(run: Path) -> list[int]:
-    return [s for s, _ in ck.list_checkpoints(run / "checkpoints")]
+    return [s for s, _ in ckfolder.list_checkpoints(run / "checkpoints")]
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
@@ -46,7 +46,7 @@ def test_corrupt_checkpoint_never_holds_a_keep_slot(args, ranks, data: Path,
     ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10", "checkpoint.keep=2"), np=2,
           timeout=BOUND)
     assert steps_in(run) == [20, 10]
-    newest = ck.step_path(run / "checkpoints", 20)
+    newest = ckfolder.step_path(run / "checkpoints", 20)
     newest.write_bytes(newest.read_bytes()[:-64])  # as a crash mid-copy leaves it
     # Resumed from step 10, stopped at 15 with keep=1: step 15 is the one to keep.
     out = ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10", "checkpoint.keep=1",
@@ -56,7 +56,7 @@ def test_corrupt_checkpoint_never_holds_a_keep_slot(args, ranks, data: Path,
     assert (run / "checkpoints" / "step-00000020.pt.corrupt").exists()
     out = ranks(TRAIN, *args(data, run, "checkpoint.every_steps=10"), np=2,
                 timeout=BOUND).output
-    assert f"resumed from {ck.step_path(run / 'checkpoints', 15)}" in out
+    assert f"resumed from {ckfolder.step_path(run / 'checkpoints', 15)}" in out
 
 
 def test_fresh_run_into_a_folder_with_checkpoints_is_refused(args, ranks, data: Path,
@@ -79,7 +79,7 @@ def test_failure_after_the_write_is_not_reported_as_not_written(args, ranks, dat
     out = ranks(WORKER, *args(data, run, "checkpoint.every_steps=5", "checkpoint.keep=1",
                               "run.epochs=1"), np=2, timeout=BOUND,
                 env={"HPCDP_TEST_PRUNE_FAILS": "1"}).output
-    path = ck.step_path(run / "checkpoints", 10)
+    path = ckfolder.step_path(run / "checkpoints", 10)
     assert "was not written" not in out
     assert f"checkpoint {path} was written, but syncing or pruning" in out
     assert "arranged: cannot delete old checkpoints" in out

@@ -18,7 +18,9 @@ import torch
 
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep.text import markov as mk
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import accel
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 # Each compiled run spends minutes compiling on two loaded cores: a bound well above it
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(1500)]
@@ -35,9 +37,9 @@ def losses(run: Path) -> dict[int, float]:
 
 
 def final_model(run: Path) -> dict[str, torch.Tensor]:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))["model"]
+    return ckformat.decode(found.data, str(found.path))["model"]
 
 
 def assert_close_curves(a: dict[int, float], b: dict[int, float], steps: range) -> None:
@@ -109,7 +111,7 @@ def test_compiled_gpt_resumes_eager_and_back(ranks, tokens: Path, eager: Path,
     assert "resumed from" in second.output
     keys = final_model(mixed).keys()  # the compiled run's step-8 checkpoint: no prefixes
     assert keys == final_model(full).keys()
-    assert not [k for k in keys if ck.COMPILE_PREFIX in k]
+    assert not [k for k in keys if accel.COMPILE_PREFIX in k]
     third = ranks(TRAIN, *gpt_args(tokens, mixed), np=2, timeout=BOUND)
     assert "resumed from" in third.output
     assert_close_curves(losses(full), losses(mixed), range(1, STEPS + 1))

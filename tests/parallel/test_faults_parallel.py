@@ -23,7 +23,9 @@ import pytest
 import torch
 
 from hpcdp.runtime.launcher import RankRun
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 pytestmark = pytest.mark.parallel
 
@@ -59,7 +61,7 @@ def resumes(ranks, argv: list[str], run_dir: Path, step: int) -> None:
 
 
 def checkpoint_steps(run: Path) -> list[int]:
-    return [s for s, _ in ck.list_checkpoints(run / "checkpoints")]
+    return [s for s, _ in ckfolder.list_checkpoints(run / "checkpoints")]
 
 
 def every_rank(output: str, needle: str) -> None:
@@ -124,7 +126,8 @@ def test_nan_loss_stops_without_saving_and_rerun_resumes(args, ranks, data: Path
     out = fails(ranks, argv, "nan:rank=1:step=3").output  # one rank's NaN reaches all
     every_rank(out, "step 3: non-finite (NaN/inf) loss or gradients; stopping without writing")
     assert checkpoint_steps(run) == [2]
-    state = ck.decode(ck.read_verified(ck.step_path(run / "checkpoints", 2)), "step 2")
+    state = ckformat.decode(cktrust.read_verified(ckfolder.step_path(run / "checkpoints", 2)),
+                            "step 2")
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     resumes(ranks, argv, run, 2)
 
@@ -135,7 +138,8 @@ def test_nan_loss_skip_keeps_training(args, ranks, data: Path, tmp_path: Path) -
     out = ranks(args(data, run, "run.on_nan=skip"), np=2, timeout=120, env=env).output
     assert "step 3: non-finite loss or gradients on some rank; update skipped" in out
     assert "step 6: non-finite" in out
-    state = ck.decode(ck.read_verified(ck.step_path(run / "checkpoints", STEPS)), "final")
+    state = ckformat.decode(cktrust.read_verified(ckfolder.step_path(run / "checkpoints", STEPS)),
+                            "final")
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
 
@@ -150,12 +154,12 @@ def small_disk(request: pytest.FixtureRequest, tmp_path: Path):
     tmpfs: a real 512 KiB file system, mode 0700 (needs root; skipped otherwise; a
     tmpfs root is 1777 by default, which resume refuses: docs/checkpoints.md). hook: any
     folder, with HPCDP_FAULT_DISK_BYTES making the checkpoint write fail with
-    ENOSPC at the same size (hpcdp.train.checkpoint_files), so the path is tested everywhere.
+    ENOSPC at the same size (hpcdp.train.checkpoint_format), so the path is tested everywhere.
     """
     mnt = tmp_path / "small"
     mnt.mkdir()
     if request.param == "hook":
-        yield mnt, {ck.DISK_BYTES_ENV: str(SMALL_DISK)}, lambda: None
+        yield mnt, {ckformat.DISK_BYTES_ENV: str(SMALL_DISK)}, lambda: None
         return
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK},mode=0700",
                            "tmpfs", str(mnt)], capture_output=True, text=True, check=False)
@@ -179,7 +183,7 @@ def test_full_disk_keeps_previous_checkpoint(args, ranks, data: Path, tmp_path: 
     assert "No space left on device" in out
     every_rank(out, f"the previous checkpoint {first} is intact")
     assert [p.name for p in folder.iterdir()] == [first.name]  # no temp file left
-    good = ck.decode(ck.read_verified(first), "first")
+    good = ckformat.decode(cktrust.read_verified(first), "first")
     assert good["step"] == 2 and not run.joinpath("summary.json").exists()
     # Room made (as a user would free space), the same command resumes and finishes.
     make_room()
@@ -187,8 +191,8 @@ def test_full_disk_keeps_previous_checkpoint(args, ranks, data: Path, tmp_path: 
     assert f"resumed from {first}" in out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["resumed_from"] == str(first)
-    last = ck.decode(ck.read_verified(ck.step_path(folder, STEPS)), "last")
-    assert last["step"] == STEPS and [s for s, _ in ck.list_checkpoints(folder)] == [STEPS]
+    last = ckformat.decode(cktrust.read_verified(ckfolder.step_path(folder, STEPS)), "last")
+    assert last["step"] == STEPS and [s for s, _ in ckfolder.list_checkpoints(folder)] == [STEPS]
 
 
 # --------------------------------------------------------------------------- bad input

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -25,9 +26,9 @@ SETTINGS = {"lars": ("optim.name=lars", "optim.lr=2.0", "optim.trust_coefficient
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def cut_and_resumed(args, ranks, data: Path, cut: Path, common: tuple[str, ...]) -> dict:

@@ -18,7 +18,8 @@ import torch
 
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep.text import markov as mk
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -45,9 +46,9 @@ def corpus(tmp_path: Path) -> tuple[Path, int]:
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def assert_same_params(a: dict, b: dict, exact: bool, atol: float = 0.0) -> None:

@@ -26,7 +26,8 @@ import torch
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.runtime.launcher import rank_environment
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 from hpcdp.train import trained
 
 pytestmark = pytest.mark.parallel
@@ -82,9 +83,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def stopped_and_resumed(ranks, base: list[str], tmp_path: Path, stop: int) -> tuple[Path, Path]:

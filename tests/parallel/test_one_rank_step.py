@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 pytestmark = pytest.mark.parallel
 
@@ -33,7 +35,8 @@ RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key w
 
 
 def final_state(run: Path) -> dict:
-    return ck.decode(ck.read_verified(ck.step_path(run / "checkpoints", STEPS)), "final")
+    return ckformat.decode(cktrust.read_verified(ckfolder.step_path(run / "checkpoints", STEPS)),
+                           "final")
 
 
 def test_nan_stops_one_rank_without_saving(args, ranks, data: Path, tmp_path: Path) -> None:
@@ -42,7 +45,7 @@ def test_nan_stops_one_rank_without_saving(args, ranks, data: Path, tmp_path: Pa
                 env={"HPCDP_FAULT": "nan:rank=0:step=3"})
     assert out.returncode != 0, out.describe()
     assert "step 3: non-finite (NaN/inf) loss or gradients; stopping without" in out.output
-    assert [s for s, _ in ck.list_checkpoints(run / "checkpoints")] == [2]
+    assert [s for s, _ in ckfolder.list_checkpoints(run / "checkpoints")] == [2]
 
 
 def test_nan_skip_on_one_rank_leaves_the_weights_as_they_were(args, ranks, data: Path,
@@ -56,8 +59,8 @@ def test_nan_skip_on_one_rank_leaves_the_weights_as_they_were(args, ranks, data:
     assert "step 3: non-finite loss or gradients on some rank; update skipped" in out
 
     def model(step: int) -> dict:
-        path = ck.step_path(run / "checkpoints", step)
-        return ck.decode(ck.read_verified(path), f"step {step}")["model"]
+        path = ckfolder.step_path(run / "checkpoints", step)
+        return ckformat.decode(cktrust.read_verified(path), f"step {step}")["model"]
 
     before, skipped, after = model(3), model(4), model(5)
     assert all(torch.equal(v, skipped[k]) for k, v in before.items())

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 pytestmark = pytest.mark.parallel
 
@@ -36,7 +38,7 @@ def test_resumed_on_one_rank_it_keeps_the_global_order(ranks, data: Path,
     ranks("own_loop_order", *common, f"run.dir={tmp_path / 'whole'}", np=2)
     cut = tmp_path / "cut"
     ranks("own_loop_order", *common, f"run.dir={cut}", "run.stop_at_step=13", np=2)
-    assert [s for s, _ in ckpt.list_checkpoints(cut / "checkpoints")][0] == 13  # mid-epoch 1
+    assert [s for s, _ in ckfolder.list_checkpoints(cut / "checkpoints")][0] == 13  # mid-epoch 1
     resumed = ranks("own_loop_order", *common, f"run.dir={cut}", np=1)
     assert "resumed from" in resumed.output and "step 13, epoch 1, 1 rank(s)" in resumed.output
     whole, parts = steps_seen(tmp_path / "whole"), steps_seen(cut)
@@ -44,8 +46,8 @@ def test_resumed_on_one_rank_it_keeps_the_global_order(ranks, data: Path,
     assert parts == whole  # each step's global batch, the same samples, none twice
     for epoch in (range(10), range(10, 20)):  # every sample of each epoch once
         assert sorted(i for s in epoch for i in parts[s]) == list(range(N_TRAIN))
-    final = ckpt.list_checkpoints(cut / "checkpoints")[0][1]
-    state = ckpt.decode(ckpt.read_verified(final), str(final))
+    final = ckfolder.list_checkpoints(cut / "checkpoints")[0][1]
+    state = ckformat.decode(cktrust.read_verified(final), str(final))
     assert state["extra"] == {"seen": 20 * 32} and state["world_size"] == 1
 
 

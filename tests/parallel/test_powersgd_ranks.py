@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from hpcdp.runtime.powersgd import bytes_per_step
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -48,9 +49,9 @@ def full(module_ranks, module_data: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def test_ranks_hold_the_same_parameters_after_every_step(full) -> None:

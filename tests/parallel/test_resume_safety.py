@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -39,7 +40,7 @@ def plant(path: Path, marker: Path) -> None:
                 "model": Planted(f"touch {shlex.quote(str(marker))}")}, buf)
     payload = buf.getvalue()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(ck.MAGIC + b"sha256 " + hashlib.sha256(payload).hexdigest().encode()
+    path.write_bytes(ckformat.MAGIC + b"sha256 " + hashlib.sha256(payload).hexdigest().encode()
                      + b"\n" + payload)
 
 
@@ -89,7 +90,7 @@ def test_writable_checkpoints_are_refused_unless_overridden(args, ranks, data: P
                                                             tmp_path: Path) -> None:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.stop_at_step=2"), np=1, timeout=BOUND)
-    folder, path = run / "checkpoints", ck.step_path(run / "checkpoints", 2)
+    folder, path = run / "checkpoints", ckfolder.step_path(run / "checkpoints", 2)
     folder.chmod(0o777)
     out = refused(ranks, [*TRAIN, *args(data, run)], 2)
     on_every_rank(out, 2, f"checkpoint folder '{folder}' is writable by others (mode 0o777)")

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from hpcdp.runtime.launcher import rank_environment
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 
 pytestmark = pytest.mark.parallel
 
@@ -33,9 +34,9 @@ RUN_SETTINGS = (  # after the args fixture's SMALL_RUN; a later value of a key w
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def identities(output: str) -> list[dict]:
@@ -78,7 +79,7 @@ def test_trains_under_launcher(args, ranks, data: Path, tmp_path: Path, launcher
     # move the loss of the 4-class head (image.num_classes = auto) around ln 4.
     assert all(math.isfinite(r["loss"]) and r["loss"] < 2.0 for r in train_records)
     # keep=2: only the newest two of steps 10, 20, 30 (the end) survive.
-    assert [s for s, _ in ck.list_checkpoints(run / "checkpoints")] == [steps, 20]
+    assert [s for s, _ in ckfolder.list_checkpoints(run / "checkpoints")] == [steps, 20]
     assert (run / "train.log").exists() and (run / "config.toml").exists()
     if launcher == "mpirun":
         assert list((run / "tensorboard").glob("events.out.tfevents.*"))
@@ -120,7 +121,7 @@ def test_signal_checkpoint_resume_is_bitwise_identical(args, ranks, data: Path, 
     # step 8's last gradient bucket, whose result every rank read at check 8 (the
     # agreement is one check behind): step 8.
     assert "preempted at step 8: checkpoint written to" in first.output
-    assert [s for s, _ in ck.list_checkpoints(cut / "checkpoints")] == [8]
+    assert [s for s, _ in ckfolder.list_checkpoints(cut / "checkpoints")] == [8]
     assert not (cut / "summary.json").exists()
     second = ranks(TRAIN, *args(data, cut, *common), np=2, timeout=BOUND)
     assert "resumed from" in second.output and "step-00000008.pt" in second.output
@@ -153,7 +154,7 @@ def test_resume_on_another_world_size_continues_the_epoch(args, ranks, data: Pat
     ranks(TRAIN, *args(data, ref, *common, *layout), np=1, timeout=BOUND)
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, *common, *layout, "run.stop_at_step=4"), np=2, timeout=BOUND)
-    assert [s for s, _ in ck.list_checkpoints(run / "checkpoints")] == [4]
+    assert [s for s, _ in ckfolder.list_checkpoints(run / "checkpoints")] == [4]
     out = ranks(TRAIN, *args(data, run, *common), np=1, timeout=BOUND).output
     assert "resumed from" in out
     got, want = traces(run), traces(ref)
@@ -234,7 +235,7 @@ def test_corrupt_newest_checkpoint_falls_back(args, ranks, data: Path, tmp_path:
     run = tmp_path / "run"
     ranks(TRAIN, *args(data, run, "run.epochs=1", "checkpoint.every_steps=5"), np=2,
           timeout=BOUND)
-    newest = ck.step_path(run / "checkpoints", N_TRAIN // 32)
+    newest = ckfolder.step_path(run / "checkpoints", N_TRAIN // 32)
     newest.write_bytes(newest.read_bytes()[:-64])
     out = ranks(TRAIN, *args(data, run, "run.epochs=1", "checkpoint.every_steps=5"), np=2,
                 timeout=BOUND).output

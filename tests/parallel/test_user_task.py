@@ -29,7 +29,8 @@ from PIL import Image
 from hpcdp.export import predict
 from hpcdp.export.command import export
 from hpcdp.runtime.launcher import rank_environment
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
 from hpcdp.train import trained
 
 pytestmark = pytest.mark.parallel
@@ -69,9 +70,9 @@ def runs(module_ranks, module_data: Path, tmp_path_factory) -> dict[str, Path]:
 
 
 def final_state(run: Path) -> dict:
-    found = ck.find_latest(run / "checkpoints")
+    found = ckfolder.find_latest(run / "checkpoints")
     assert found is not None, f"no checkpoint in {run}"
-    return ck.decode(found.data, str(found.path))
+    return ckformat.decode(found.data, str(found.path))
 
 
 def traces(run: Path) -> dict[tuple[int, int], list[str]]:

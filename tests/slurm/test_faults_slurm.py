@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
 
 pytestmark = pytest.mark.slurm
 
@@ -47,7 +47,7 @@ def test_sigkill_under_srun_ends_job_and_resubmit_resumes(
     assert "rank 1 kills itself (SIGKILL) at step 6" in out
     assert re.search(r"ranks finished with exit status [1-9]", out), job.describe()
     assert job.leftover_processes() == [], job.describe()
-    assert [s for s, _ in ckpt.list_checkpoints(run / "checkpoints")] == [4]
+    assert [s for s, _ in ckfolder.list_checkpoints(run / "checkpoints")] == [4]
 
     again = slurm_cluster.sbatch("--ntasks=2", str(TRAIN_SBATCH), *train_args(run, digits[1]),
                                  cwd=tmp_path)

@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from hpcdp.runtime.stall import PREFIX
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 pytestmark = pytest.mark.slurm
 
@@ -41,8 +43,8 @@ def script_args(run_dir: Path, data: Path) -> list[str]:
 
 
 def final_state(run_dir: Path) -> tuple[int, dict[str, Any]]:
-    step, path = ckpt.list_checkpoints(run_dir / "checkpoints")[0]
-    return step, ckpt.decode(ckpt.read_verified(path), str(path))
+    step, path = ckfolder.list_checkpoints(run_dir / "checkpoints")[0]
+    return step, ckformat.decode(cktrust.read_verified(path), str(path))
 
 
 def rank_pid(job_id: str, rank: int) -> int:

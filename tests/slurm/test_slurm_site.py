@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hpcdp.runtime.preempt import EXIT_REQUEUE, EXIT_STOPPED
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
 
 pytestmark = pytest.mark.slurm
 
@@ -124,7 +124,7 @@ def test_ranks_without_scontrol_leave_the_requeue_to_the_batch_shell_and_the_cap
                                cwd=tmp_path, env={"HPCDP_PYTHON": str(python)})
     signal_when(job, slurm_cluster, run, 3)
     job.wait_for("the restart", lambda: "(restart 1)" in job.output(), timeout=120)
-    first = ckpt.list_checkpoints(run / "checkpoints")[0][0]
+    first = ckfolder.list_checkpoints(run / "checkpoints")[0][0]
     signal_when(job, slurm_cluster, run, first + 2, after=first)
     info = job.wait(timeout=120, states=("FAILED",))
     text = job.output()
@@ -135,7 +135,7 @@ def test_ranks_without_scontrol_leave_the_requeue_to_the_batch_shell_and_the_cap
     assert "requeued 1 time(s) already, preempt.max_requeues=1" in text
     assert f"ranks finished with exit status {EXIT_STOPPED}" in text
     assert not (run / "summary.json").exists()
-    assert ckpt.list_checkpoints(run / "checkpoints")[0][0] > first
+    assert ckfolder.list_checkpoints(run / "checkpoints")[0][0] > first
     assert job.leftover_processes() == []
 
 

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 pytestmark = pytest.mark.slurm
 
@@ -52,10 +54,10 @@ def train_args(run_dir: Path, data: Path, steps: int = STEPS, *extra: str) -> li
 
 def final_model(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
     """(step, model state dict) of the newest checkpoint in a run."""
-    found = ckpt.list_checkpoints(run_dir / "checkpoints")
+    found = ckfolder.list_checkpoints(run_dir / "checkpoints")
     assert found, f"no checkpoint in {run_dir}"
     step, path = found[0]
-    return step, ckpt.decode(ckpt.read_verified(path), str(path))["model"]
+    return step, ckformat.decode(cktrust.read_verified(path), str(path))["model"]
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +206,7 @@ def test_cancelled_job_checkpoints_and_stays_cancelled(slurm_cluster: Cluster, d
     assert m, f"no checkpoint reported after the TERM\n{job.describe()}"
     assert 10 <= int(m[1]) <= STEPS  # the agreed stop may fall on the last step
     path = Path(m[2].rstrip(","))
-    assert ckpt.decode(ckpt.read_verified(path), str(path))["step"] == int(m[1])
+    assert ckformat.decode(cktrust.read_verified(path), str(path))["step"] == int(m[1])
     # The training side: a cancelled job stays cancelled.
     info = job.wait(timeout=60, states=("CANCELLED",))
     assert info["Restarts"] == "0", f"the cancelled job requeued itself\n{job.describe()}"

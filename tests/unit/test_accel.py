@@ -13,7 +13,7 @@ from hpcdp import config as cfgmod
 from hpcdp.models.gpt import GPT, GPTConfig
 from hpcdp.models.vision import build_model
 from hpcdp.train import accel
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoints as cm
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -108,14 +108,14 @@ def test_wrapped_state_dict_loads_into_the_plain_model() -> None:
     net = build_model("digits_cnn", (1, 8, 8), 4, 0, True)
     wrapped = torch.compile(net)  # the wrapper alone: compiling waits for a call
     saved = wrapped.state_dict()
-    assert all(k.startswith(ck.COMPILE_PREFIX) for k in saved)
+    assert all(k.startswith(accel.COMPILE_PREFIX) for k in saved)
     state = {"model_name": "digits_cnn", "model": saved}
     fresh = build_model("digits_cnn", (1, 8, 8), 4, 0, True)
-    ck.check_compatible(state, fresh, "digits_cnn", "test")
-    fresh.load_state_dict(ck.without_compile_prefix(saved))
+    cm.check_compatible(state, fresh, "digits_cnn", "test")
+    fresh.load_state_dict(accel.without_compile_prefix(saved))
     for k, v in net.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v)
-    nested = ck.without_compile_prefix({"a._orig_mod.w": 1, "b": 2})
+    nested = accel.without_compile_prefix({"a._orig_mod.w": 1, "b": 2})
     assert nested == {"a.w": 1, "b": 2}
 
 

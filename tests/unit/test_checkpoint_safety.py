@@ -19,7 +19,11 @@ import torch
 from test_checkpoint import write_step
 
 from hpcdp.models.vision import build_model
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_convert as ckconvert
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
+from hpcdp.train import checkpoints as cm
 
 
 class Planted:
@@ -32,7 +36,7 @@ class Planted:
         return (os.system, (self.command,))
 
 
-def planted_bytes(marker: Path, magic: bytes = ck.MAGIC) -> bytes:
+def planted_bytes(marker: Path, magic: bytes = ckformat.MAGIC) -> bytes:
     """An hpcdp header with a correct sha256 over a torch.save payload that touches `marker`."""
     buf = io.BytesIO()
     torch.save({"step": 500, "model_name": "digits_cnn",
@@ -47,23 +51,24 @@ def legacy_bytes(state: dict) -> bytes:
     torch.save(state, buf)
     payload = buf.getvalue()
     digest = hashlib.sha256(payload).hexdigest().encode()
-    return ck.LEGACY_MAGIC + b"sha256 " + digest + b"\n" + payload
+    return ckformat.LEGACY_MAGIC + b"sha256 " + digest + b"\n" + payload
 
 
-@pytest.mark.parametrize("magic", [ck.MAGIC, ck.LEGACY_MAGIC], ids=["format2", "format1"])
+@pytest.mark.parametrize("magic", [ckformat.MAGIC, ckformat.LEGACY_MAGIC],
+                         ids=["format2", "format1"])
 def test_planted_pickle_is_refused_and_never_runs(tmp_path: Path, magic: bytes) -> None:
     # Control: the plant is real; an unrestricted load runs it.
     control = tmp_path / "control-marker"
-    payload = ck.verify(planted_bytes(control, magic), "plant")
+    payload = ckformat.verify(planted_bytes(control, magic), "plant")
     torch.load(io.BytesIO(payload), weights_only=False)
     assert control.exists()
 
     marker = tmp_path / "marker"
     path = tmp_path / "step-00000500.pt"
     path.write_bytes(planted_bytes(marker, magic))
-    data = ck.read_verified(path)  # the checksum is right: it vouches for nothing more
-    with pytest.raises(ck.CheckpointError, match="refused: .*posix.system") as info:
-        ck.decode(data, str(path))
+    data = cktrust.read_verified(path)  # the checksum is right: it vouches for nothing more
+    with pytest.raises(ckformat.CheckpointError, match="refused: .*posix.system") as info:
+        ckformat.decode(data, str(path))
     assert str(path) in str(info.value)
     assert not marker.exists()
 
@@ -75,22 +80,22 @@ def test_legacy_checkpoint_is_refused_then_converted_once(tmp_path: Path) -> Non
     expected = np.random.rand(3)
     path = tmp_path / "step-00000004.pt"
     path.write_bytes(legacy_bytes({"step": 4, "rng": [old_rng], "reader": {"seed": 1}}))
-    with pytest.raises(ck.CheckpointError, match=r"older hpcdp .*numpy.*"
+    with pytest.raises(ckformat.CheckpointError, match=r"older hpcdp .*numpy.*"
                        r"hpcdp checkpoint convert .*step-00000004\.pt"):
-        ck.decode(path.read_bytes(), str(path))
+        ckformat.decode(path.read_bytes(), str(path))
 
-    assert ck.main(["convert", str(path)]) == 0
-    state = ck.decode(path.read_bytes(), str(path))
-    assert path.read_bytes().startswith(ck.MAGIC) and state["step"] == 4
+    assert ckconvert.main(["convert", str(path)]) == 0
+    state = ckformat.decode(path.read_bytes(), str(path))
+    assert path.read_bytes().startswith(ckformat.MAGIC) and state["step"] == 4
     np.random.seed(0)
-    ck.restore_rng(state["rng"][0])
+    cm.restore_rng(state["rng"][0])
     assert np.array_equal(np.random.rand(3), expected)
-    assert ck.main(["convert", str(path)]) == 2  # already converted: said, not redone
+    assert ckconvert.main(["convert", str(path)]) == 2  # already converted: said, not redone
 
 
 def test_legacy_checkpoint_of_plain_values_loads_the_safe_way(tmp_path: Path) -> None:
     data = legacy_bytes({"step": 3, "model": {"w": torch.ones(2)}})
-    assert ck.decode(data, "old")["step"] == 3
+    assert ckformat.decode(data, "old")["step"] == 3
 
 
 def test_rng_states_restore_exactly_through_a_file() -> None:
@@ -99,15 +104,15 @@ def test_rng_states_restore_exactly_through_a_file() -> None:
     np.random.seed(2)
     np.random.standard_normal()  # leaves NumPy's cached Gaussian (has_gauss=1)
     torch.manual_seed(3)
-    saved = ck.capture_rng()
+    saved = cm.capture_rng()
     want = (random.gauss(0, 1), random.random(), np.random.standard_normal(),
             np.random.randint(0, 2**31, 4).tolist(), torch.rand(3))
     # Ranks gather their states with Horovod's allgather_object (plain pickling) first.
-    state = ck.decode(ck.encode({"rng": pickle.loads(pickle.dumps([saved]))}), "rng")
+    state = ckformat.decode(ckformat.encode({"rng": pickle.loads(pickle.dumps([saved]))}), "rng")
     random.seed(9)
     np.random.seed(9)
     torch.manual_seed(9)
-    ck.restore_rng(state["rng"][0])
+    cm.restore_rng(state["rng"][0])
     got = (random.gauss(0, 1), random.random(), np.random.standard_normal(),
            np.random.randint(0, 2**31, 4).tolist(), torch.rand(3))
     assert got[:4] == want[:4] and torch.equal(got[4], want[4])
@@ -115,16 +120,18 @@ def test_rng_states_restore_exactly_through_a_file() -> None:
 
 def test_to_safe_converts_numpy_and_names_what_it_cannot() -> None:
     model = build_model("digits_cnn", (1, 8, 8), 10).state_dict()
-    assert ck.to_safe(model) is model  # no copy: keeps the OrderedDict and its _metadata
-    state = ck.to_safe({"n": np.int64(7), "x": np.float32(0.5), "a": np.arange(3, dtype=np.uint32),
-                        "t": (np.int32(1), [np.bool_(True)])})
+    assert ckformat.to_safe(model) is model  # no copy: keeps the OrderedDict and its _metadata
+    state = ckformat.to_safe({"n": np.int64(7), "x": np.float32(0.5),
+                              "a": np.arange(3, dtype=np.uint32),
+                              "t": (np.int32(1), [np.bool_(True)])})
     assert state["n"] == 7 and type(state["n"]) is int and type(state["x"]) is float
     assert torch.equal(state["a"], torch.tensor([0, 1, 2]))  # int64: uint32 tensors don't pickle
     assert state["t"] == (1, [True]) and type(state["t"][1][0]) is bool
-    with pytest.raises(ck.CheckpointError, match=r"state\['reader'\]\['path'\] is a pathlib"):
-        ck.encode({"reader": {"path": Path("x")}})
-    with pytest.raises(ck.CheckpointError, match=r"state\['names'\] is a NumPy array of dtype"):
-        ck.encode({"names": np.array(["a", "b"])})
+    with pytest.raises(ckformat.CheckpointError, match=r"state\['reader'\]\['path'\] is a pathlib"):
+        ckformat.encode({"reader": {"path": Path("x")}})
+    with pytest.raises(ckformat.CheckpointError,
+                       match=r"state\['names'\] is a NumPy array of dtype"):
+        ckformat.encode({"names": np.array(["a", "b"])})
 
 
 # Modes are given with their file-type bits, as os.stat reports them.
@@ -150,7 +157,7 @@ ME, OTHER, MINE, THEIRS = 1000, 1001, 100, 200
 ])
 def test_permission_rule(mode: int, owner: int, group: int, private: bool, allow: bool,
                          problem: str | None) -> None:
-    got = ck.permission_problem(mode, owner, group, ME, {MINE}, private, allow)
+    got = cktrust.permission_problem(mode, owner, group, ME, {MINE}, private, allow)
     if problem is None:
         assert got is None
     else:
@@ -161,31 +168,33 @@ def test_world_writable_folder_and_file_are_refused(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     path = write_step(folder, 2, {"step": 2})
     folder.chmod(0o777)
-    for call in (lambda t: ck.find_latest(folder, t), lambda t: ck.read_verified(path, t)):
-        with pytest.raises(ck.UntrustedError, match=f"checkpoint folder '{folder}' is writable "
+    for call in (lambda t: ckfolder.find_latest(folder, t),
+                 lambda t: cktrust.read_verified(path, t)):
+        with pytest.raises(cktrust.UntrustedError,
+                           match=f"checkpoint folder '{folder}' is writable "
                            r"by others \(mode 0o777\).*checkpoint.strict_permissions=false"):
-            call(ck.Trust())
+            call(cktrust.Trust())
         with pytest.warns(UserWarning, match="resuming anyway"):
-            call(ck.Trust(strict_permissions=False))
+            call(cktrust.Trust(strict_permissions=False))
     folder.chmod(0o755)
     path.chmod(0o666)
-    with pytest.raises(ck.UntrustedError, match=f"checkpoint '{path}' is writable by others"):
-        ck.find_latest(folder)
-    with pytest.raises(ck.UntrustedError, match=f"chmod go-w {path}"):
-        ck.read_verified(path)
+    with pytest.raises(cktrust.UntrustedError, match=f"checkpoint '{path}' is writable by others"):
+        ckfolder.find_latest(folder)
+    with pytest.raises(cktrust.UntrustedError, match=f"chmod go-w {path}"):
+        cktrust.read_verified(path)
     with pytest.warns(UserWarning, match="resuming anyway"):
-        found = ck.find_latest(folder, ck.Trust(strict_permissions=False))
+        found = ckfolder.find_latest(folder, cktrust.Trust(strict_permissions=False))
     assert found is not None and found.step == 2
     path.chmod(0o644)
-    assert ck.find_latest(folder) is not None
+    assert ckfolder.find_latest(folder) is not None
 
 
 def test_an_untrusted_newest_file_is_refused_not_skipped(tmp_path: Path) -> None:
     write_step(tmp_path, 1, {"step": 1})
     newest = write_step(tmp_path, 2, {"step": 2})
     newest.chmod(0o646)
-    with pytest.raises(ck.UntrustedError, match="step-00000002.pt"):
-        ck.find_latest(tmp_path)
+    with pytest.raises(cktrust.UntrustedError, match="step-00000002.pt"):
+        ckfolder.find_latest(tmp_path)
 
 
 @contextmanager

@@ -22,7 +22,8 @@ from hpcdp.export.command import export
 from hpcdp.export.load import load
 from hpcdp.models import spec as specs
 from hpcdp.tasks import rebuild
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 
 def write_run(tmp_path: Path, ref: str) -> Path:
@@ -36,7 +37,7 @@ def write_run(tmp_path: Path, ref: str) -> Path:
              "model": net.state_dict(), "config": cfg.to_dict(), "sample_shape": [1, 4, 4]}
     path = tmp_path / "ckpt" / "step-00000003.pt"
     path.parent.mkdir(mode=0o700)
-    ckpt.replace_atomic(path, ckpt.encode(state))
+    ckformat.replace_atomic(path, ckformat.encode(state))
     return path
 
 
@@ -59,7 +60,7 @@ def test_export_records_the_builder_and_load_rebuilds_it(ref: str, tmp_path: Pat
     x = torch.randn(6, 1, 4, 4)
     with torch.no_grad():
         assert torch.equal(net(x), again(x))
-    state = ckpt.decode(ckpt.read_verified(tmp_path / "ckpt" / "step-00000003.pt"), "ckpt")
+    state = ckformat.decode(cktrust.read_verified(tmp_path / "ckpt" / "step-00000003.pt"), "ckpt")
     assert all(torch.equal(state["model"][k], v) for k, v in net.state_dict().items())
 
 

@@ -22,7 +22,9 @@ from hpcdp.export import bundle
 from hpcdp.export.command import export
 from hpcdp.export.load import load
 from hpcdp.models import spec as specs
-from hpcdp.train import checkpoint_files as ckpt
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,8 +94,8 @@ def write_checkpoint(folder: Path, name: str, net: torch.nn.Module) -> Path:
     state = {"format": 2, "task": task, "model_name": model, "step": 5, "epoch": 1,
              "model": net.state_dict(), "optimizers": [{"state": {}, "param_groups": []}],
              "config": checkpoint_config(task, model), "world_size": 1}
-    path = ckpt.step_path(folder / name, 5)
-    ckpt.write_atomic(path, ckpt.encode(state))
+    path = ckfolder.step_path(folder / name, 5)
+    ckformat.write_atomic(path, ckformat.encode(state))
     return path
 
 
@@ -211,12 +213,12 @@ def test_a_weights_file_that_is_no_safetensors_is_refused(exported, tmp_path: Pa
 def test_export_refuses_what_resume_refuses(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path / "c", "digits", trained_model("digits"))
     os.chmod(path, 0o666)
-    with pytest.raises(ckpt.UntrustedError, match="writable by others"):
+    with pytest.raises(cktrust.UntrustedError, match="writable by others"):
         export(path, tmp_path / "out")
     os.chmod(path, 0o644)
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(ckpt.CheckpointError, match="corrupt or incomplete"):
+    with pytest.raises(ckformat.CheckpointError, match="corrupt or incomplete"):
         export(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()

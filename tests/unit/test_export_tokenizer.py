@@ -10,7 +10,7 @@ import pytest
 from hpcdp.data.prep.text.tokenizer import train_bpe
 from hpcdp.export import text
 from hpcdp.export.command import lm_tokenizer
-from hpcdp.train.checkpoint_files import CheckpointError
+from hpcdp.train.checkpoint_format import CheckpointError
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "the quick brown fox jumps over the lazy dog"] * 20
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from hpcdp.config import Config
-from hpcdp.train import checkpoint_files as ck
+from hpcdp.train import checkpoint_folder as ckfolder
+from hpcdp.train import checkpoint_format as ckformat
+from hpcdp.train import checkpoint_trust as cktrust
 from hpcdp.train import checkpoints as cm
 
 
@@ -25,12 +27,12 @@ def state(step: int) -> dict:
 def test_a_corrupt_file_never_holds_a_keep_slot(tmp_path: Path) -> None:
     m = manager(tmp_path, keep=1)
     m.write(m.path(20), state(20))
-    ck.write_atomic(m.path(30), ck.encode(state(30))[:-10])  # newest, truncated
+    ckformat.write_atomic(m.path(30), ckformat.encode(state(30))[:-10])  # newest, truncated
     found, notes = m.newest_verified()
     assert found is not None and found.step == 20
     assert any("checksum mismatch" in n and "step-00000030.pt.corrupt" in n for n in notes)
     m.write(m.path(25), state(25))
-    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [25]
+    assert [s for s, _ in ckfolder.list_checkpoints(tmp_path)] == [25]
     assert (tmp_path / "step-00000030.pt.corrupt").exists()
 
 
@@ -39,14 +41,14 @@ def test_an_unreadable_file_is_skipped_but_not_moved(tmp_path: Path, monkeypatch
     m.write(m.path(1), state(1))
     m.write(m.path(2), state(2))
 
-    real = ck.read_verified
+    real = cktrust.read_verified
 
-    def refuse(path: Path, trust: ck.Trust) -> bytes:
+    def refuse(path: Path, trust: cktrust.Trust) -> bytes:
         if path == m.path(2):
-            raise ck.CheckpointError(f"checkpoint {str(path)!r} cannot be read: denied")
+            raise ckformat.CheckpointError(f"checkpoint {str(path)!r} cannot be read: denied")
         return real(path, trust)
 
-    monkeypatch.setattr(ck, "read_verified", refuse)
+    monkeypatch.setattr(cktrust, "read_verified", refuse)
     found, notes = m.newest_verified()
     assert found is not None and found.step == 1 and "denied" in notes[0]
     assert m.path(2).exists()  # not corrupt: left where it is
@@ -59,17 +61,17 @@ def test_failure_after_the_rename_leaves_a_complete_file(tmp_path: Path, monkeyp
     def fail(folder: Path, keep: int) -> list[Path]:
         raise OSError("read-only file system")
 
-    monkeypatch.setattr(ck, "prune", fail)
+    monkeypatch.setattr(ckfolder, "prune", fail)
     note = m.write(m.path(2), state(2))
     assert note is not None and "was written, but" in note and "read-only" in note
-    assert ck.decode(ck.read_verified(m.path(2)), "2")["step"] == 2
+    assert ckformat.decode(cktrust.read_verified(m.path(2)), "2")["step"] == 2
 
 
 def test_non_finite_weights_are_not_written(tmp_path: Path) -> None:
     import torch
 
     m = manager(tmp_path, keep=1)
-    with pytest.raises(ck.CheckpointError, match="NaN"):
+    with pytest.raises(ckformat.CheckpointError, match="NaN"):
         m.write(m.path(1), {"model": {"w": torch.tensor([float("nan")])}})
     assert not m.path(1).exists()
 

@@ -17,7 +17,7 @@ import sys
 import horovod.torch as hvd
 
 from hpcdp import train
-from hpcdp.train import checkpoint_files as checkpoint
+from hpcdp.train import checkpoint_folder as ckfolder
 from hpcdp.train import loop
 
 SIGNAL_AT = int(os.environ.get("HPCDP_TEST_SIGNAL_AT", "0"))
@@ -46,7 +46,7 @@ def _prune_fails(folder, keep):
 
 
 if os.environ.get("HPCDP_TEST_PRUNE_FAILS"):
-    checkpoint.prune = _prune_fails
+    ckfolder.prune = _prune_fails
 
 if __name__ == "__main__":
     sys.exit(train.main(sys.argv[1:]))
