@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,7 +34,8 @@ from hpcdp.train import setup, startup
 from hpcdp.train.checkpoints import CheckpointManager, Parts, TrainState
 from hpcdp.train.hooks import Hooks
 from hpcdp.train.loop import agree_stop
-from hpcdp.train.reporting import setup_logging
+from hpcdp.train.reporting import Reporter, setup_logging
+from hpcdp.train.tracking.hub import Trackers
 
 log = logging.getLogger("hpcdp.train")
 
@@ -56,6 +57,9 @@ def configure(argv: Sequence[str] | None = None) -> Config:
         overrides = [*args.overrides, *sweep.task_overrides(os.environ)]
         cfg = cfgmod.build(args.config, overrides, tasks.defaults)
         faults.armed()
+        if cfg.run.tracker_model:
+            raise ConfigError("run.tracker_model: a session's network is the script's own, "
+                              "which hpcdp export cannot rebuild; log it from the script")
     except (ConfigError, faults.FaultError) as e:
         print(f"hpcdp session: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
@@ -130,6 +134,8 @@ class Session:
         self._ckpts = CheckpointManager(cfg, self.rank == 0)
         self._parts: Parts | None = None
         self._saved = -1  # the step of the last checkpoint written
+        self._reporter: Reporter | None = None  # from the first log() on
+        self._resumed_step: int | None = None  # the step of the checkpoint resumed
 
     @property
     def root(self) -> bool:
@@ -188,6 +194,7 @@ class Session:
         self.state, self.resumed_from = self._ckpts.resume(self._parts)  # collective
         dist.broadcast_start(model, self._parts.optimizers)  # collective: parameters
         self._saved = self.state.step if self.resumed_from else -1
+        self._resumed_step = self.state.step if self.resumed_from else None
         log.info(f"{'resumed from ' + self.resumed_from if self.resumed_from else 'fresh start'}: "
                  f"step {self.state.step}, epoch {self.state.epoch}, {self.size} rank(s), "
                  f"batch {self.batch}/rank, {self.global_batch} global, device {self.device}")
@@ -244,6 +251,8 @@ class Session:
             log.warning(note)
         log.info(f"checkpoint written: {path}")  # rank 0's log only (setup_logging)
         self._saved = self.state.step
+        if self._reporter is not None:
+            self._reporter.checkpointed(self.state.step)
         return path
 
     def finish(self) -> None:
@@ -254,7 +263,18 @@ class Session:
         if self._preempt is not None:
             self._preempt.drain()  # the last vote's all-reduce, so no collective is left open
         log.info(f"done: {self.state.step} steps, {self.state.epoch} epochs")
+        self._close_reporter({"steps": self.state.step, "epochs": self.state.epoch}, None)
         self._exit(0)
+
+    def log(self, values: Mapping[str, float], kind: str = "train") -> None:
+        """Rank 0: a record of `values` at this step, in run.dir/metrics.jsonl, TensorBoard
+        and the trackers of run.trackers, which get it once a checkpoint covers its step,
+        so a resumed run logs no step twice. Not a collective, and a no-op on the other
+        ranks: average what differs by rank first (`average`)."""
+        self._started()
+        if self._reporter is None:  # a script that never logs pays for no writer
+            self._reporter = self._open_reporter()
+        self._reporter.record(kind, self.state.step, dict(values))
 
     def average(self, values: Sequence[float], name: str = "hpcdp.session.average") -> list[float]:
         """Collective: the mean over ranks of a few numbers (a loss to log, say)."""
@@ -277,7 +297,23 @@ class Session:
                                 lambda v: dist.broadcast_object(v, "hpcdp.stop"))
         log.info(f"{reason} at step {self.state.step}: checkpoint written to "
                  f"{self._ckpts.path(self.state.step)}{note}")
+        self._close_reporter(None, reason)
         self._exit(code)
+
+    def _open_reporter(self) -> Reporter:
+        """Rank 0's metrics file and trackers, continued on a resume (records after the
+        checkpoint resumed are dropped: the script logs those steps again)."""
+        cfg, resumed = self.cfg, self._resumed_step
+        trackers = Trackers.start(cfg, resumed, os.environ) if self.rank == 0 else None
+        return Reporter(cfg.run_dir, self.rank == 0, cfg.log.jsonl, cfg.log.tensorboard,
+                        False, 0, resumed or 0, drop_after=resumed, trackers=trackers)
+
+    def _close_reporter(self, summary: dict[str, Any] | None, stopped: str | None) -> None:
+        """The trackers finished with `summary`, or stopped for a requeue; bounded by
+        run.tracker_close_timeout_s."""
+        if self._reporter is not None:
+            self._reporter.ended(summary, stopped)
+            self._reporter.close()
 
     def _exit(self, code: int) -> None:
         # The signal handlers stay: a TERM that follows (Slurm ends a requeued job that

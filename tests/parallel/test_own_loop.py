@@ -60,3 +60,27 @@ def test_extra_state_a_checkpoint_cannot_hold_is_refused_naming_its_key(
     assert "the session's extra state['lr_rule'] is a builtins.function" in run.output, \
         run.describe()
     assert not (tmp_path / "run" / "checkpoints" / "step-00000003.pt").exists()
+
+
+def test_a_scripts_log_reaches_one_tracker_run_across_a_stop(ranks, data: Path,
+                                                             tmp_path: Path) -> None:
+    """session.log: metrics.jsonl and one MLflow run hold each even step once, with the
+    same values, after a stop between two checkpoints and a resume."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from hpcdp.train.reporting import read_jsonl
+
+    run, env = tmp_path / "run", {"OWN_LOOP_LOG": "1", "MLFLOW_TRACKING_URI": ""}
+    common = [f"data.path={data}", BATCH, "checkpoint.every_steps=4", f"run.dir={run}",
+              'run.trackers=["mlflow"]']
+    first = ranks("own_loop_order", *common, "run.stop_at_step=13", np=2, env=env)
+    last = ranks("own_loop_order", *common, np=2, env=env)
+    assert "resumed from" in last.output and "tracker" not in first.output + last.output
+    records = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(2, 21, 2))
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'trackers' / 'mlflow.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("hpcdp").experiment_id])
+    assert found.info.status == "FINISHED" and found.data.metrics["summary/steps"] == 20
+    got = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "train/loss")]
+    assert sorted(got) == [(r["step"], r["loss"]) for r in records]

@@ -2,7 +2,8 @@
 
 Every rank appends {"step", "ids"} lines to <run.dir>/ids/rank-R.jsonl, the ids read
 from the two pixels where tests/parallel/conftest.py's write_split puts each sample's
-index. OWN_LOOP_EXTRA=bad puts a value in the extra state that a checkpoint cannot hold.
+index. OWN_LOOP_EXTRA=bad puts a value in the extra state that a checkpoint cannot hold;
+OWN_LOOP_LOG=1 logs the loss, averaged over ranks, at every even step (session.log).
 """
 
 import json
@@ -32,8 +33,11 @@ with open(out / f"rank-{s.rank}.jsonl", "a") as log:
             log.write(json.dumps({"epoch": epoch, "step": s.state.step, "ids": ids}) + "\n")
             log.flush()
             opt.zero_grad()
-            nn.functional.cross_entropy(model(x.float() / 255), y).backward()
+            loss = nn.functional.cross_entropy(model(x.float() / 255), y)
+            loss.backward()
             opt.step()
             extra["seen"] += len(ids) * s.size
             s.step_done()
+            if os.environ.get("OWN_LOOP_LOG") and s.state.step % 2 == 0:
+                s.log({"loss": s.average([loss.item()])[0]})
 s.finish()
