@@ -26,7 +26,7 @@ import numpy as np
 
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES
-from hpcdp.data.prep.parts import WORK_DIR
+from hpcdp.data.prep.parts import WORK_DIR, Parts
 from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.world import PrepError, agree, allreduce, say
 
@@ -135,7 +135,7 @@ def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
 # -- blocks to parts, and the options every recipe shares -----------------------------
 
 
-def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> None:
+def resume_note(comm: Any, prog: str, parts: Parts, split: str, blocks: range) -> None:
     """Collective: in a resumed run, rank 0 says how many of `split`'s blocks were done."""
     if not parts.resumed:
         return
@@ -146,7 +146,7 @@ def resume_note(comm: Any, prog: str, parts: Any, split: str, blocks: range) -> 
               file=sys.stderr, flush=True)
 
 
-def save_blocks(comm: Any, prog: str, parts: Any, split: str, blocks: Sequence[range],
+def save_blocks(comm: Any, prog: str, parts: Parts, split: str, blocks: Sequence[range],
                 mine: range, what: str, unit: str,
                 read_block: Callable[[int], dict[str, np.ndarray]]) -> None:
     """Collective: this rank's blocks of `split` (`mine`, of the item ranges `blocks`) as

@@ -22,6 +22,7 @@ import numpy as np
 
 from hpcdp import __version__
 from hpcdp.data.prep import stall
+from hpcdp.data.prep.parts import Numbered, Parts
 from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.world import allreduce
 
@@ -49,7 +50,7 @@ def root_attrs(schema: dict[str, Any], num_samples: int, source: str, split: str
             "hpcdp_version": __version__, **(more or {})}
 
 
-def part_layout(parts: Any, split: str, blocks: range, comm: Any) -> PartLayout:
+def part_layout(parts: Parts | Numbered, split: str, blocks: range, comm: Any) -> PartLayout:
     """Collective: each array's rows per block all-gathered, their prefix sums in block order
     (so the same file on any number of ranks) and the totals."""
     mine = [(i, parts.lengths(split, i)) for i in blocks]
@@ -66,7 +67,7 @@ def part_layout(parts: Any, split: str, blocks: range, comm: Any) -> PartLayout:
     return PartLayout(starts, at)
 
 
-def write_parts(path: str, parts: Any, split: str, blocks: range,
+def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
                 datasets: Callable[[Any, int], dict[str, Any]], comm: Any, slab_rows: int,
                 serial: bool = False, progress: Progress | None = None,
                 layout: PartLayout | None = None,
@@ -111,7 +112,7 @@ def write_parts(path: str, parts: Any, split: str, blocks: range,
     return layout.totals.get(first, 0)
 
 
-def _slabs(parts: Any, split: str, blocks: Sequence[int], slab_rows: int
+def _slabs(parts: Parts | Numbered, split: str, blocks: Sequence[int], slab_rows: int
            ) -> Iterator[Callable[[], tuple[int, int, dict[str, np.ndarray]]]]:
     """For each slab of `blocks`' parts, a function reading it: (block, first row in the
     block, {array: its rows of the slab}); the slabs are counted before anything is read."""
