@@ -8,7 +8,7 @@ import pytest
 
 from hpcdp.data.prep.clicks import criteo as cr
 from hpcdp.data.prep.clicks import criteo_vocab as cv
-from hpcdp.data.prep.frame import SerialComm
+from hpcdp.data.prep.world import SerialComm
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 8])

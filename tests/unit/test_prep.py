@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from hpcdp.data.format.samples import chunk_rows
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import cli as prep
-from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import items_per_block, plan_items, rank_blocks
+from hpcdp.data.prep.merge import _slabs
 from hpcdp.data.read.samples import ShardedReader
 
 
 class _Rows:
-    """The parts `frame.write_parts` reads, held in memory: block i holds its rows' numbers."""
+    """The parts `merge.write_parts` reads, held in memory: block i holds its rows' numbers."""
 
     def __init__(self, blocks: list[range]) -> None:
         self.blocks = blocks
@@ -54,7 +54,7 @@ def test_rank_rows_cover_every_row_once_in_whole_chunks(n: int, chunk: int, size
     assert all(lo % chunk == 0 and lo <= hi for lo, hi in spans)
     assert all(b.start % chunk == 0 for b in blocks)  # no two ranks write into one chunk
     slab = chunk * 3
-    rounds = max(len(list(frame._slabs(_Rows(blocks), "train", m, slab))) for m in mine)
+    rounds = max(len(list(_slabs(_Rows(blocks), "train", m, slab))) for m in mine)
     assert rounds == max(sum(-(-len(blocks[i]) // slab) for i in m) for m in mine)
 
 
@@ -66,7 +66,7 @@ def test_rank_slabs_are_the_rank_rows_in_slabs_of_whole_chunks(n: int, chunk: in
     blocks = _sample_blocks(n, chunk, chunks_a_block)
     for r in range(size):
         mine = rank_blocks(len(blocks), r, size)
-        read = [got() for got in frame._slabs(_Rows(blocks), "train", mine, slab)]
+        read = [got() for got in _slabs(_Rows(blocks), "train", mine, slab)]
         rows = [int(i) for _, _, data in read for i in data["x"]]
         assert rows == [i for b in mine for i in blocks[b]]
         assert all(len(data["x"]) <= slab and a % chunk == 0 for _, a, data in read)

@@ -63,9 +63,9 @@ def test_text_peak_memory_does_not_grow_with_a_gzipped_file(tmp_path: Path) -> N
 def test_the_bpe_sample_pass_holds_the_sample_not_the_file(tmp_path: Path) -> None:
     """Reading a gzipped file (one block) for the BPE sample keeps only the sampled
     documents: the traced peak stays far below the file's 16 MiB of documents."""
-    from hpcdp.data.prep.frame import SerialComm
     from hpcdp.data.prep.text import corpus as tc
     from hpcdp.data.prep.text import passes
+    from hpcdp.data.prep.world import SerialComm
 
     corpus = tc.Corpus([gzipped_corpus(tmp_path, 16 << 20)], lines=False)
     blocks = corpus.blocks(1 << 20)

@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 from hpcdp.data.prep import frame
+from hpcdp.data.prep.merge import part_layout, write_parts
 from hpcdp.data.prep.parts import SAME_BYTES, Parts, differences, fingerprint
+from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.world import PrepError, SerialComm
 
-COMM = frame.SerialComm()
+COMM = SerialComm()
 
 
 def _datasets(f: h5py.File, n: int) -> dict[str, h5py.Dataset]:
@@ -37,9 +40,9 @@ def test_parts_to_one_file_in_block_order_in_slabs(tmp_path: Path) -> None:
             parts.save("train", i, **_block(i, sizes[i]))
         assert parts.rows("train", 2) == 7 and parts.length("train", 2, "extra") == 3
         assert isinstance(parts.load("train", 0)["x"], np.memmap)
-        bar = frame.Progress(COMM, "train", sum(sizes), "rows", stream=io.StringIO())
-        total = frame.write_parts(str(tmp_path / "train.h5"), parts, "train", range(4),
-                                  _datasets, COMM, slab_rows=3, progress=bar)
+        bar = Progress(COMM, "train", sum(sizes), "rows", stream=io.StringIO())
+        total = write_parts(str(tmp_path / "train.h5"), parts, "train", range(4),
+                            _datasets, COMM, slab_rows=3, progress=bar)
         bar.close()
         assert total == 12 and bar.done == 12
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.h5"]  # work folder removed
@@ -69,9 +72,9 @@ def test_existing_work_folder_needs_resume_and_the_same_options(tmp_path: Path) 
     first = Parts(out, "clicks", {"rows": 100, "seed": 1}, COMM, resume=False)
     first.save("train", 0, y=np.arange(3))
     first.save_state("vocabulary", {"done": True})
-    with pytest.raises(frame.PrepError, match=r"partial preparation.*pass --resume"):
+    with pytest.raises(PrepError, match=r"partial preparation.*pass --resume"):
         Parts(out, "clicks", {"rows": 100, "seed": 1}, COMM, resume=False)
-    with pytest.raises(frame.PrepError, match=r"seed: 1 -> 2"):
+    with pytest.raises(PrepError, match=r"seed: 1 -> 2"):
         Parts(out, "clicks", {"rows": 100, "seed": 2}, COMM, resume=True)
     (tmp_path / ".train.h5.tmp-0123456789ab").write_bytes(b"half a file")
     again = Parts(out, "clicks", {"seed": 1, "rows": 100}, COMM, resume=True)
@@ -85,9 +88,9 @@ def test_existing_work_folder_needs_resume_and_the_same_options(tmp_path: Path) 
 
 def test_bad_input_found_while_working_leaves_nothing_but_a_crash_keeps_the_parts(
         tmp_path: Path) -> None:
-    with pytest.raises(frame.PrepError), Parts(str(tmp_path), "t", {}, COMM, False) as parts:
+    with pytest.raises(PrepError), Parts(str(tmp_path), "t", {}, COMM, False) as parts:
         parts.save("train", 0, y=np.arange(3))
-        raise frame.PrepError("a.tsv: line 3: bad")
+        raise PrepError("a.tsv: line 3: bad")
     assert not (tmp_path / ".hpcdp-prep").exists()
     with pytest.raises(KeyboardInterrupt), Parts(str(tmp_path), "t", {}, COMM, False) as parts:
         parts.save("train", 0, y=np.arange(3))
@@ -120,17 +123,17 @@ def test_a_fingerprint_is_the_checked_inputs_and_the_input_files(tmp_path: Path)
 
 def test_resuming_accepts_outputs_the_unfinished_run_renamed(tmp_path: Path) -> None:
     (tmp_path / "train.h5").write_bytes(b"x")
-    with pytest.raises(frame.PrepError, match="already exist"):
+    with pytest.raises(PrepError, match="already exist"):
         frame.check_outputs(str(tmp_path), ["train.h5"], overwrite=False, resume=True)
     (tmp_path / ".hpcdp-prep").mkdir()
     frame.check_outputs(str(tmp_path), ["train.h5"], overwrite=False, resume=True)
-    with pytest.raises(frame.PrepError, match="already exist"):
+    with pytest.raises(PrepError, match="already exist"):
         frame.check_outputs(str(tmp_path), ["train.h5"], overwrite=False, resume=False)
 
 
 def test_progress_line_says_done_rate_and_time_left() -> None:
     out = io.StringIO()
-    bar = frame.Progress(COMM, "train", 2_000_000, "rows", every=0.0, stream=out)
+    bar = Progress(COMM, "train", 2_000_000, "rows", every=0.0, stream=out)
     bar.start -= 10.0
     bar.advance(500_000)
     line = out.getvalue().strip()
@@ -148,7 +151,7 @@ def test_add_common_options_and_block_size() -> None:
     args = parser.parse_args(["--resume", "--block-mib", "0.5"])
     assert args.resume and frame.block_bytes(args.block_mib) == 1 << 19
     assert frame.block_bytes(parser.parse_args([]).block_mib) == 64 << 20
-    with pytest.raises(frame.PrepError, match="--block-mib 0"):
+    with pytest.raises(PrepError, match="--block-mib 0"):
         frame.block_bytes(0)
     assert json.dumps(frame.EXIT_BAD_INPUT) == "2" and frame.EXIT_WRITE_FAILED == 1
 
@@ -160,7 +163,7 @@ def test_arrays_of_other_lengths_and_offsets_shifted_into_the_file(tmp_path: Pat
             lengths = np.array([len(d) for d in block], np.int64)
             tokens = np.concatenate(block) if block else np.zeros(0, np.int64)
             parts.save("train", i, tokens=tokens, ends=np.cumsum(lengths))
-        layout = frame.part_layout(parts, "train", range(3), COMM)
+        layout = part_layout(parts, "train", range(3), COMM)
         assert layout.totals == {"tokens": 6, "ends": 3}
 
         def datasets(f: h5py.File, n: int) -> dict[str, h5py.Dataset]:
@@ -168,8 +171,8 @@ def test_arrays_of_other_lengths_and_offsets_shifted_into_the_file(tmp_path: Pat
             ends[0] = 0
             return {"tokens": f.create_dataset("tokens", (n,), np.int64), "ends": ends}
 
-        frame.write_parts(str(tmp_path / "t.h5"), parts, "train", range(3), datasets, COMM,
-                          slab_rows=1, layout=layout, shift={"ends": ("tokens", 1)})
+        write_parts(str(tmp_path / "t.h5"), parts, "train", range(3), datasets, COMM,
+                    slab_rows=1, layout=layout, shift={"ends": ("tokens", 1)})
     with h5py.File(tmp_path / "t.h5") as f:
         np.testing.assert_array_equal(f["tokens"][:], [1, 2, 3, 4, 5, 6])
         np.testing.assert_array_equal(f["ends"][:], [0, 3, 4, 6])
@@ -181,7 +184,7 @@ def test_progress_on_a_terminal_is_a_bar() -> None:
             return True
 
     out = Terminal()
-    bar = frame.Progress(COMM, "val", 300, "rows", stream=out)
+    bar = Progress(COMM, "val", 300, "rows", stream=out)
     bar.advance(100)
     bar.advance(200)
     bar.close()
@@ -192,7 +195,7 @@ def test_progress_on_a_terminal_is_a_bar() -> None:
 
 def test_progress_rate_leaves_out_what_an_earlier_run_did() -> None:
     out = io.StringIO()
-    bar = frame.Progress(COMM, "train", 1000, "rows", every=0.0, stream=out)
+    bar = Progress(COMM, "train", 1000, "rows", every=0.0, stream=out)
     bar.start -= 10.0
     bar.advance(900, resumed=True)  # blocks found done: counted, but not this run's speed
     bar.advance(50)

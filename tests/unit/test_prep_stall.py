@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hpcdp.data.prep import frame, stall
+from hpcdp.data.prep.world import SerialComm
 
 
 def test_only_working_time_over_the_bound_is_a_stall() -> None:
@@ -36,7 +37,7 @@ def test_a_wait_is_marked_while_it_lasts_and_leaving_it_is_progress() -> None:
 def test_a_watched_communicator_marks_its_collectives_as_waits() -> None:
     seen = []
 
-    class Comm(frame.SerialComm):
+    class Comm(SerialComm):
         def allgather(self, value):
             seen.append(stall.marks.waiting)
             return [value]
@@ -73,9 +74,9 @@ def test_the_option_takes_seconds_and_zero_turns_it_off() -> None:
 #: progress every 0.1 s ("marks"), or waits ("waits").
 GUARDED = """
 import sys, time
-from hpcdp.data.prep import frame, stall
+from hpcdp.data.prep import stall, world
 bound, seconds, how = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-with stall.guarded(frame.SerialComm(), "prep-test", bound):
+with stall.guarded(world.SerialComm(), "prep-test", bound):
     stall.mark("reading block 7 of the corpus")
     end = time.monotonic() + seconds
     while time.monotonic() < end:

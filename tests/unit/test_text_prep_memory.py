@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 
 from hpcdp.data.format import tokens as tk
-from hpcdp.data.prep import frame
 from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.text import corpus as tc
 from hpcdp.data.prep.text import corpus_synth, passes
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.recipe import selector
+from hpcdp.data.prep.world import SerialComm
 
 MIB = 1 << 20
 #: The traced peak allowed: the 2 MiB read window, a batch of 1 Mi characters and its
@@ -41,9 +42,9 @@ def test_a_large_block_is_tokenized_and_written_in_bounded_pieces(tmp_path: Path
     corpus = tc.Corpus([path], lines=False)
     blocks = corpus.blocks(64 * MIB)
     assert len(blocks) == 1
-    comm, tok = frame.SerialComm(), tz.byte_level()
+    comm, tok = SerialComm(), tz.byte_level()
     parts = Parts(str(tmp_path / "o"), "text", {}, comm, resume=False)
-    progress = frame.Progress(comm, "tokenized", corpus.total, "B")
+    progress = Progress(comm, "tokenized", corpus.total, "B")
     error, peak = traced_peak(lambda: passes.tokenize_blocks(corpus, blocks, range(1), tok,
                                                              parts, progress))
     assert error is None and peak < BOUND, peak

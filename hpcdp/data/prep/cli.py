@@ -42,18 +42,12 @@ from hpcdp.data.format.samples import CHUNK_BYTES, chunk_rows, label_chunk_rows,
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
-from hpcdp.data.prep.frame import (
-    EXIT_BAD_INPUT,
-    EXIT_WRITE_FAILED,
-    PrepError,
-    agree,
-    check_world,
-    say,
-    world,
-    write_or_abort,
-)
+from hpcdp.data.prep.frame import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, write_or_abort
 from hpcdp.data.prep.images import cifar
+from hpcdp.data.prep.merge import root_attrs, write_parts
 from hpcdp.data.prep.parts import SAME_BYTES, Parts, fingerprint
+from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.world import PrepError, agree, check_world, say, world
 from hpcdp.runtime.crash import report_crashes
 
 COMPRESSIONS = ("none", "gzip", "lzf")
@@ -67,8 +61,8 @@ def file_attrs(source: src.Source, source_name: str, seed: int, x_name: str,
                        "dtype": str(source.dtype)}}
     if y_name and source.has_labels:
         schema[y_name] = {"shape": [source.num_samples], "dtype": "int64"}
-    return frame.root_attrs(schema, source.num_samples, source_name, source.name,
-                            source.params, seed, source.attrs)
+    return root_attrs(schema, source.num_samples, source_name, source.name,
+                      source.params, seed, source.attrs)
 
 
 # -- writing ------------------------------------------------------------------------
@@ -122,12 +116,12 @@ def write_split(out_dir: str, source: src.Source, opts: WriteOptions, comm: Any,
     mine = rank_blocks(len(blocks), comm.rank, comm.size)
     frame.save_blocks(comm, PROG, parts, source.name, blocks, mine, "samples", "samples",
                       lambda i: read_block(source, blocks[i], opts))
-    bar = frame.Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)
-    frame.write_parts(final, parts, source.name, mine,
-                      lambda f, n: _create(f, source, opts, chunk), comm,
-                      slab_rows(chunk, source.sample_bytes),
-                      serial=opts.compression != "none", progress=bar,
-                      collective=opts.collective)
+    bar = Progress(comm, f"{source.name}: file", source.num_samples, "samples", PROG)
+    write_parts(final, parts, source.name, mine,
+                lambda f, n: _create(f, source, opts, chunk), comm,
+                slab_rows(chunk, source.sample_bytes),
+                serial=opts.compression != "none", progress=bar,
+                collective=opts.collective)
     bar.close()
     return final
 

@@ -2,7 +2,7 @@
 
 Every rank turns each of its input blocks into a part (a folder of .npy arrays, one per
 output dataset plus whatever the recipe needs later) before the final files are written
-from the parts in block order (`frame.write_parts`). A part is written under a temporary
+from the parts in block order (`merge.write_parts`). A part is written under a temporary
 name and renamed, so after a kill (a time limit's SIGTERM, then SIGKILL) it is there whole
 or not at all, and a resumed run redoes only the blocks without one. ``fingerprint.json``
 holds the recipe, the checked inputs that change the output and each input file's size and
@@ -28,12 +28,15 @@ from typing import Any
 import numpy as np
 
 from hpcdp.data.prep import stall
-from hpcdp.data.prep.frame import WORK_DIR, PrepError, agree
+from hpcdp.data.prep.world import PrepError, agree
+
+#: The work folder of a preparation in progress, inside its output folder.
+WORK_DIR = ".hpcdp-prep"
 
 FINGERPRINT = "fingerprint.json"
 #: Each part's record of its arrays' lengths, written last.
 META = "meta.json"
-#: What `frame.replacing` names a file while it is written.
+#: What `merge.replacing` names a file while it is written.
 _STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}")
 
 
@@ -91,7 +94,7 @@ def _remove_leftovers(work: str) -> None:
 
 
 def _remove_stale_temporaries(out_dir: str) -> None:
-    """The final files' temporaries (`frame.replacing`) left by the killed run."""
+    """The final files' temporaries (`merge.replacing`) left by the killed run."""
     for name in os.listdir(out_dir):
         if _STALE.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
@@ -340,7 +343,7 @@ class Parts:
 class Numbered:
     """A split's parts known by sparse keys (a file's place and a block in it, when a file's
     blocks are counted only as it is read), seen as blocks 0..n-1 in key order: what
-    `frame.write_parts` and a recipe's rounds over ranks expect."""
+    `merge.write_parts` and a recipe's rounds over ranks expect."""
 
     def __init__(self, parts: Parts, keys: Sequence[int]) -> None:
         self.parts, self.keys = parts, sorted(keys)

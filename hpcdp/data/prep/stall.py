@@ -1,7 +1,7 @@
 """A bound on a preparation rank that stops making progress: the job ends, naming it.
 
 A rank marks its progress where it finishes a unit of work (`mark`: a block, a batch of
-documents, a slab written; `frame.Progress.advance` marks every block) and the waits it
+documents, a slab written; `progress.Progress.advance` marks every block) and the waits it
 does not control (`waiting`: a collective, which `Watched` marks on every rank; the BPE
 trainer's child process). One thread per rank (`guarded`) wakes every second; when the
 rank has been working, not waiting, for longer than the bound (``--stall-timeout``,

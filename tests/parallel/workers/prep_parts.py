@@ -12,9 +12,11 @@ import sys
 
 import numpy as np
 
-from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import rank_blocks
+from hpcdp.data.prep.merge import write_parts
 from hpcdp.data.prep.parts import Parts
+from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.world import world
 
 
 def datasets(f, n):  # noqa: ANN001, ANN201 - the frame's callback
@@ -26,16 +28,16 @@ def datasets(f, n):  # noqa: ANN001, ANN201 - the frame's callback
 def main() -> int:
     out, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
     serial = sys.argv[3:] == ["serial"]
-    comm = frame.world()
+    comm = world()
     mine = rank_blocks(len(sizes), comm.rank, comm.size)
     with Parts(out, "test", {"sizes": sizes}, comm, resume=False) as parts:
         for i in mine:
             rows = np.arange(10 * i, 10 * i + sizes[i])
             parts.save("train", i, x=np.stack([rows, -rows], 1).astype(np.float32), y=rows)
         log = io.StringIO()
-        bar = frame.Progress(comm, "train", sum(sizes), "rows", stream=log)
-        total = frame.write_parts(f"{out}/train.h5", parts, "train", mine, datasets, comm,
-                                  slab_rows=3, serial=serial, progress=bar)
+        bar = Progress(comm, "train", sum(sizes), "rows", stream=log)
+        total = write_parts(f"{out}/train.h5", parts, "train", mine, datasets, comm,
+                            slab_rows=3, serial=serial, progress=bar)
         bar.close()
     assert total == sum(sizes)
     if comm.rank == 0:

@@ -54,8 +54,10 @@ from hpcdp.data.prep.clicks import criteo as cr
 from hpcdp.data.prep.clicks import criteo_blocks as cb
 from hpcdp.data.prep.clicks import criteo_schedule as cs
 from hpcdp.data.prep.clicks import criteo_vocab as cv
-from hpcdp.data.prep.frame import PrepError
+from hpcdp.data.prep.merge import root_attrs, write_parts
 from hpcdp.data.prep.parts import Numbered, Parts, fingerprint
+from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.world import PrepError, allreduce, check_world, world
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/criteo.py"
@@ -369,7 +371,7 @@ def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skippe
               "label": {"shape": [n], "dtype": "uint8"}}
     params = {"files": inputs.files["train"], "val_files": inputs.files["val"],
               **inputs.rule.describe()}
-    return prep_run.root_attrs(schema, n, "criteo", split, params, more={
+    return root_attrs(schema, n, "criteo", split, params, more={
         "table_sizes": np.asarray(sizes, np.int64),
         "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
         "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
@@ -385,7 +387,7 @@ def split_totals(split: str, blocks: Numbered, comm: Any) -> tuple[int, int, int
         rows += len(part["label"])
         clicks += int(np.sum(part["label"], dtype=np.int64))
         skipped += int(part["skipped"][0])
-    return tuple(prep_run.allreduce(comm, x) for x in (rows, clicks, skipped))  # type: ignore
+    return tuple(allreduce(comm, x) for x in (rows, clicks, skipped))  # type: ignore
 
 
 def write_split(out: str, split: str, blocks: Numbered, totals: tuple[int, int, int],
@@ -405,8 +407,8 @@ def write_split(out: str, split: str, blocks: Numbered, totals: tuple[int, int, 
         return dsets
 
     final = os.path.join(out, f"{split}.h5")
-    prep_run.write_parts(final, blocks, split, rank_blocks(len(blocks), comm.rank, comm.size),
-                         datasets, comm, SLAB_ROWS)
+    write_parts(final, blocks, split, rank_blocks(len(blocks), comm.rank, comm.size),
+                datasets, comm, SLAB_ROWS)
     return final
 
 
@@ -414,7 +416,7 @@ def write(args: argparse.Namespace, inputs: Inputs, comm: Any) -> list[str]:
     """Collective: parse, agree, make the ids and write both splits; the paths written."""
     with Parts(args.out, RECIPE, inputs.fingerprint(), comm, args.resume) as parts:
         total = sum(os.path.getsize(p) for split in SPLITS for p in inputs.files[split])
-        progress = prep_run.Progress(comm, "reading", total, "B", prog=PROG)
+        progress = Progress(comm, "reading", total, "B", prog=PROG)
         try:
             if inputs.rule.buckets is not None:
                 sizes = [inputs.rule.buckets] * cr.CATEGORICAL
@@ -463,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace, comm: Any) -> Inputs:
     """Every check of the options, on this rank."""
-    prep_run.check_world(comm.size)
+    check_world(comm.size)
     if args.buckets is not None and not 2 <= args.buckets < 2**31:
         raise CriteoPrepError(f"--buckets must be in [2, 2**31), got {args.buckets}")
     if args.min_count is not None and args.min_count < 1:
@@ -497,7 +499,7 @@ def summary(paths: list[str], seconds: float, ranks: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = prep_run.world()
+    comm = world()
     return prep_run.run(PROG, comm, lambda: check(args, comm),
                         lambda inputs: write(args, inputs, comm),
                         lambda written, seconds: summary(written, seconds, comm.size),

@@ -37,7 +37,11 @@ from hpcdp.data.format import samples
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items, rank_blocks
 from hpcdp.data.prep.clicks import synth as ck
+from hpcdp.data.prep.merge import root_attrs, write_parts
 from hpcdp.data.prep.parts import Parts, fingerprint
+from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.world import PrepError, allreduce, check_world
+from hpcdp.data.prep.world import world as comm_world
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "hpcdp prep clicks"
@@ -58,7 +62,7 @@ def split_attrs(world: ck.ClickWorld, split: str, n: int) -> dict[str, Any]:
     schema = {"dense": {"shape": [n, ck.DENSE_FEATURES], "dtype": "float32"},
               "sparse": {"shape": [n, len(sizes)], "dtype": "int32"},
               "label": {"shape": [n], "dtype": "uint8"}}
-    return frame.root_attrs(schema, n, "clicks", split, world.spec.params(), world.spec.seed, {
+    return root_attrs(schema, n, "clicks", split, world.spec.params(), world.spec.seed, {
         "table_sizes": np.asarray(sizes, np.int64),
         "field_names": json.dumps(ck.field_names()),
         "dense_features": ck.DENSE_FEATURES,
@@ -90,7 +94,7 @@ def computed_attrs(split: str, n: int, parts: Parts, mine: range, n_blocks: int,
                    ) -> dict[str, Any]:
     """Collective: the click rate (clicks summed over the ranks) and, for validation, the
     reference AUCs, computed on rank 0 alone from every part and broadcast."""
-    clicks = frame.allreduce(comm, sum(int(parts.load(split, i)["label"].sum()) for i in mine))
+    clicks = allreduce(comm, sum(int(parts.load(split, i)["label"].sum()) for i in mine))
     attrs: dict[str, Any] = {"click_rate": clicks / n}
     if split == "val":
         aucs = None
@@ -114,10 +118,10 @@ def write_split(out: str, world: ck.ClickWorld, split: str, n: int, comm: Any, p
     frame.save_blocks(comm, PROG, parts, split, blocks, mine, "rows", "rows",
                       lambda i: read_block(world, split, blocks[i]))
     attrs = computed_attrs(split, n, parts, mine, len(blocks), comm)
-    bar = frame.Progress(comm, f"{split}: file", n, "rows", PROG)
-    frame.write_parts(final, parts, split, mine,
-                      lambda f, total: _create(f, world, split, total, chunk, attrs), comm,
-                      samples.slab_rows(chunk, ROW_BYTES), progress=bar, collective=collective)
+    bar = Progress(comm, f"{split}: file", n, "rows", PROG)
+    write_parts(final, parts, split, mine,
+                lambda f, total: _create(f, world, split, total, chunk, attrs), comm,
+                samples.slab_rows(chunk, ROW_BYTES), progress=bar, collective=collective)
     bar.close()
     return final
 
@@ -157,11 +161,11 @@ def spec_from(args: argparse.Namespace) -> ck.ClickSpec:
 
 def _check(args: argparse.Namespace, comm: Any) -> tuple[ck.ClickSpec, dict[str, int]]:
     """Every check of the options, on this rank; the spec and the splits' rows."""
-    frame.check_world(comm.size)
+    check_world(comm.size)
     spec = spec_from(args).check()
     splits = split_rows(spec)
     if args.chunk_mib <= 0:
-        raise frame.PrepError(f"--chunk-mib must be positive, got {args.chunk_mib}")
+        raise PrepError(f"--chunk-mib must be positive, got {args.chunk_mib}")
     frame.block_bytes(args.block_mib)
     frame.check_outputs(args.out, [f"{name}.h5" for name in splits], args.overwrite,
                         refusal="{first} exists; pass --overwrite to replace it (nothing "
@@ -183,11 +187,11 @@ def _write(args: argparse.Namespace, spec: ck.ClickSpec, splits: dict[str, int],
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = frame.world()
+    comm = comm_world()
     return frame.run(
         PROG, comm, lambda: _check(args, comm), lambda got: _write(args, *got, comm),
         lambda written, seconds: _summary(written, seconds, comm.size),
-        bad_input=(ck.ClickSpecError, frame.PrepError, OSError, ImportError),
+        bad_input=(ck.ClickSpecError, PrepError, OSError, ImportError),
         stall_s=args.stall_timeout)
 
 

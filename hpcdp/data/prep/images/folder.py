@@ -36,7 +36,7 @@ import numpy as np
 
 from hpcdp.data.format.image_decode import EXTENSIONS
 from hpcdp.data.prep.bounded import shown
-from hpcdp.data.prep.frame import PrepError
+from hpcdp.data.prep.world import PrepError
 
 #: Links leading outside the root named in the error at most (the count is always given).
 SHOW_OUTSIDE = 10

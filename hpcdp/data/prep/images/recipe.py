@@ -31,16 +31,10 @@ from hpcdp.data.format.image_decode import FITS, MAX_PIXELS
 from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.frame import (
-    PrepError,
-    Progress,
     add_common_options,
-    agree,
     block_bytes,
-    check_world,
     resume_note,
     resuming,
-    say,
-    world,
     write_or_abort,
 )
 from hpcdp.data.prep.images import folder, shards
@@ -48,6 +42,8 @@ from hpcdp.data.prep.images import write as iw
 from hpcdp.data.prep.images.stats import channel_stats
 from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.parts import fingerprint as made_from
+from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.world import PrepError, agree, check_world, say, world
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/images.py"

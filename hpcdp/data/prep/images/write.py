@@ -7,7 +7,7 @@ the blocks (`hpcdp.data.prep.blocks`). Each image is decoded once: a block's goo
 images become a part (``x`` uint8 ``(n, 3, S, S)``, ``y`` int64), and beside it the
 block's undecodable files and its exact per-channel integer sums (`stats`). The ranks
 agree on the bad files, the class counts and the statistics from those small
-summaries before any file is created; then `frame.write_parts` copies the parts to
+summaries before any file is created; then `merge.write_parts` copies the parts to
 their rows, in block order, so 1 and N ranks write the same datasets and attributes.
 A rank holds one block of images at a time; a part already saved (``--resume``) is
 kept, not decoded again.
@@ -24,9 +24,9 @@ import numpy as np
 
 from hpcdp.data.format import samples
 from hpcdp.data.format.image_decode import MAX_PIXELS, DecodeError, decode
-from hpcdp.data.prep.frame import root_attrs, write_parts
 from hpcdp.data.prep.images.shards import Member
 from hpcdp.data.prep.images.stats import integer_sums
+from hpcdp.data.prep.merge import root_attrs, write_parts
 
 
 def source_of(entry: Any) -> str | IO[bytes]:

@@ -22,10 +22,13 @@ import numpy as np
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import items_per_block, plan_items, rank_blocks
+from hpcdp.data.prep.merge import part_layout, write_parts
 from hpcdp.data.prep.parts import Parts, fingerprint
+from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.text import markov as mk
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.markov import MarkovChain
+from hpcdp.data.prep.world import allreduce, check_world, world
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "hpcdp prep markov"
@@ -83,7 +86,7 @@ def _identity_sha(symbols: int) -> str:
 
 def _check(args: argparse.Namespace, comm: Any) -> MarkovChain:
     """Every check of the options, on this rank; the chain they describe."""
-    frame.check_world(comm.size)
+    check_world(comm.size)
     chain = _chain(args)
     frame.block_bytes(args.block_mib)
     frame.check_outputs(args.out, ["train.h5", "val.h5"], args.overwrite, resume=args.resume)
@@ -126,9 +129,9 @@ def write_split(out: str, split: str, meta: tk.TokenMeta, parts: Parts, mine: ra
     """Collective: OUT/SPLIT.h5 from every rank's parts: tokens in block order, document
     offsets shifted by their block's first token."""
     final = os.path.join(out, f"{split}.h5")
-    layout = frame.part_layout(parts, split, mine, comm)
-    top = frame.allreduce(comm, max((int(parts.load(split, i)["tokens"].max(initial=0))
-                                     for i in mine), default=0), op="max")
+    layout = part_layout(parts, split, mine, comm)
+    top = allreduce(comm, max((int(parts.load(split, i)["tokens"].max(initial=0))
+                               for i in mine), default=0), op="max")
 
     def datasets(f: Any, n_tokens: int) -> dict[str, Any]:
         tokens, offsets = tk.create_datasets(f, meta, n_tokens,
@@ -137,9 +140,9 @@ def write_split(out: str, split: str, meta: tk.TokenMeta, parts: Parts, mine: ra
             offsets[0] = 0
         return {tk.TOKENS: tokens, tk.DOC_OFFSETS: offsets}
 
-    bar = frame.Progress(comm, f"{split}: file", layout.totals[tk.TOKENS], "tokens", PROG)
-    frame.write_parts(final, parts, split, mine, datasets, comm, tw.WRITE_TOKENS,
-                      progress=bar, layout=layout, shift={tk.DOC_OFFSETS: (tk.TOKENS, 1)})
+    bar = Progress(comm, f"{split}: file", layout.totals[tk.TOKENS], "tokens", PROG)
+    write_parts(final, parts, split, mine, datasets, comm, tw.WRITE_TOKENS,
+                progress=bar, layout=layout, shift={tk.DOC_OFFSETS: (tk.TOKENS, 1)})
     bar.close()
     return final
 
@@ -165,7 +168,7 @@ def _write(args: argparse.Namespace, chain: MarkovChain, comm: Any
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = frame.world()
+    comm = world()
 
     def summary(result: tuple[list[str], float], seconds: float) -> None:
         written, h = result

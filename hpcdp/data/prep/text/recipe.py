@@ -47,11 +47,13 @@ from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.parts import fingerprint as made_from
+from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.corpus import Corpus, expand_files
+from hpcdp.data.prep.world import check_world, raise_agreed, wait_quietly, world
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/text.py"
@@ -85,7 +87,7 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
             return tz.from_json(saved["json"], "tokenizer.json", args.eod_token)
     except tz.TokenizerError as exc:  # the same on every rank: each reads the same file
         raise tw.TokenPrepError(str(exc)) from None
-    progress = prep_run.Progress(comm, "BPE sample", corpus.total, "B", PROG)
+    progress = Progress(comm, "BPE sample", corpus.total, "B", PROG)
     sample, error = passes.sample_for_bpe(corpus, blocks, mine, args.val_fraction,
                                           args.bpe_sample_bytes, comm, progress)
     text = None
@@ -97,7 +99,7 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
         except tz.TokenizerError as exc:
             error = str(exc)
     del sample
-    prep_run.wait_quietly(comm)  # the others sleep while rank 0 trains on every core
+    wait_quietly(comm)  # the others sleep while rank 0 trains on every core
     text, error = comm.bcast((text, error), root=0)
     if error:
         raise tw.TokenPrepError(error)
@@ -203,7 +205,7 @@ def _outputs(args: argparse.Namespace) -> list[str]:
 
 def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
     """Every check of the options, on this rank; the corpus they name."""
-    prep_run.check_world(comm.size)
+    check_world(comm.size)
     if not 0 <= args.val_fraction < 1:
         raise tw.TokenPrepError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
@@ -258,10 +260,10 @@ def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[st
     prep_run.resume_note(comm, PROG, parts, passes.DOCS, mine)
     try:
         tok = make_tokenizer(args, corpus, blocks, mine, parts, comm)
-        progress = prep_run.Progress(comm, "tokenized", corpus.total, "B", PROG)
+        progress = Progress(comm, "tokenized", corpus.total, "B", PROG)
         error = passes.tokenize_blocks(corpus, blocks, mine, tok, parts, progress)
         progress.close()
-        prep_run.raise_agreed(comm, error, tw.TokenPrepError)
+        raise_agreed(comm, error, tw.TokenPrepError)
         docs = passes.block_docs(parts, mine, len(blocks), comm)
         check_counts(split_totals(int(docs.sum()), args.val_fraction), args.val_fraction)
     except tw.TokenPrepError:  # bad input: nothing written, nothing kept to resume from
@@ -288,7 +290,7 @@ def _summary(result: tuple[list[str], str | None], seconds: float, ranks: int) -
 def main(argv: Sequence[str] | None = None) -> int:
     report_crashes()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = prep_run.world()
+    comm = world()
     return prep_run.run(PROG, comm, lambda: _setup(args, comm),
                         lambda corpus: _write(args, corpus, comm),
                         lambda result, seconds: _summary(result, seconds, comm.size),

@@ -12,7 +12,7 @@ independently through parallel HDF5 (driver ``mpio``: the slices are contiguous 
 two ranks write the same bytes), holding one block at a time. The file is written
 under a temporary name and renamed when complete, so a failed run never replaces a
 good file (`hpcdp.data.prep.frame` holds what every recipe shares). Recipes whose
-parts are already one split each (the Markov corpus) use `frame.write_parts` instead.
+parts are already one split each (the Markov corpus) use `merge.write_parts` instead.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from hpcdp.data.format import tokens as tk
-from hpcdp.data.prep import frame as prep_run
 from hpcdp.data.prep import stall
-from hpcdp.data.prep.frame import PrepError
+from hpcdp.data.prep.merge import create_h5, replacing
+from hpcdp.data.prep.world import PrepError, allreduce
 
 #: Tokens per write call at most: MPI-IO counts are 32-bit, and smaller calls bound staging.
 WRITE_TOKENS = 1 << 26
@@ -109,7 +109,7 @@ def write_split_parts(out_dir: str, name: str, parts: Any, mine: range, firsts: 
         raise TokenPrepError(f"{final}: the {name} split has no documents")
     doc_at, tok_at = np.cumsum(docs) - docs, np.cumsum(toks) - toks
     top = 0
-    with prep_run.replacing(final, comm) as tmp, prep_run.create_h5(tmp, comm) as f:
+    with replacing(final, comm) as tmp, create_h5(tmp, comm) as f:
         tokens, offsets = tk.create_datasets(f, meta, total_tok, total_doc, 0)
         for b in mine:
             lengths = np.asarray(parts.load("docs", b)["lengths"])
@@ -120,7 +120,7 @@ def write_split_parts(out_dir: str, name: str, parts: Any, mine: range, firsts: 
                 offsets[doc_at[b] : doc_at[b] + docs[b]] = local[:-1]
         if comm.rank == comm.size - 1:
             offsets[total_doc : total_doc + 1] = [total_tok]
-        top = prep_run.allreduce(comm, top, "max")
+        top = allreduce(comm, top, "max")
         if top >= meta.vocab_size:
             raise TokenPrepError(f"{final}: token id {top} is outside the vocabulary of "
                                  f"{meta.vocab_size}")
