@@ -16,7 +16,7 @@ LOW, HIGH = (".".join(map(str, v)) for v in TORCH_RANGE)
 
 @pytest.mark.parametrize(("version", "status"), [
     ("2.5.1+cu124", FAIL), (f"{LOW}.0", OK), (f"{HIGH}.0+cpu", OK), (f"{HIGH}.7", OK),
-    (f"{HIGH}.0rc1", OK), ("2.14.1", WARN), ("2.15.0+cu130", WARN), ("3.0.0", WARN),
+    (f"{HIGH}.0rc1", OK), ("2.16.0", WARN), ("2.17.1+cu130", WARN), ("3.0.0", WARN),
 ])
 def test_doctor_says_when_torch_is_outside_the_range(version, status) -> None:
     check = torch_range_check(version, version)
