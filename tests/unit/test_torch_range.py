@@ -1,5 +1,5 @@
 """One supported PyTorch range: doctor's check, docs/install.md, pyproject.toml's floor and
-the setup script's default all state hpcdp.doctor.TORCH_RANGE."""
+the setup script's default and the Makefile's floor target all state hpcdp.doctor.TORCH_RANGE."""
 
 from __future__ import annotations
 
@@ -38,3 +38,14 @@ def test_docs_pyproject_and_setup_state_the_same_range() -> None:
     assert default.group(1).startswith(f"{HIGH}."), (
         f"make setup installs torch {default.group(1)}, the range ends at {HIGH}")
     assert f"default `torch=={default.group(1)}`" in install
+
+
+def test_the_floor_target_tests_the_floor() -> None:
+    """`make test-torch-floor` installs the oldest release of the range, and docs/install.md
+    names the target."""
+    makefile = (REPO / "Makefile").read_text()
+    floor = re.search(r"^TORCH_FLOOR := ([0-9.]+)$", makefile, re.MULTILINE)
+    assert floor, "the Makefile names no TORCH_FLOOR"
+    assert floor.group(1) == f"{LOW}.0", f"make test-torch-floor tests {floor.group(1)}"
+    assert "HPCDP_TORCH=torch==$(TORCH_FLOOR)" in makefile
+    assert "`make test-torch-floor`" in (REPO / "docs" / "install.md").read_text()
