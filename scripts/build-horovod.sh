@@ -153,6 +153,21 @@ if [ "${1:-}" = --patch-only ]; then
   exit 0
 fi
 
+# Horovod compiles its PyTorch library with CUDA whenever torch is a CUDA build and torch
+# finds a CUDA root, whatever GPU_OPS says. Without NCCL, and with no nvcc of torch's CUDA
+# major version (a CUDA 12 torch beside CUDA 13), that build cannot work: the library is
+# then built for CPU tensors only.
+if [ "$GPU_OPS" = none ] && [ -n "$(torch_cuda_version)" ]; then
+  torch_cuda=$(torch_cuda_version)
+  if [ -z "$nvcc" ] || [ "${torch_cuda%%.*}" != "$(nvcc_cuda_version | cut -d. -f1)" ]; then
+    find_torch="$SRC/cmake/Modules/FindPytorch.cmake"
+    sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' \
+      "$find_torch"
+    grep -q 'CUDA_HOME is not None' "$find_torch" && die "failed to build $find_torch without CUDA"
+    log "torch is built with CUDA $torch_cuda and no nvcc of CUDA ${torch_cuda%%.*} is found: Horovod's PyTorch library is built for CPU tensors only"
+  fi
+fi
+
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
 # standard headers, and some of the release's files rely on that (group_table.h,
 # common.h): include them in every C++ file rather than patch file by file.
