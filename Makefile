@@ -16,7 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup test test-extended test-unit test-parallel test-slurm test-stock lint demo demo-lm demo-recsys bench doctor gpu-check gpu-bench mutate clean
+.PHONY: setup test test-extended test-unit test-parallel test-slurm test-stock test-torch-floor lint demo demo-lm demo-recsys bench doctor gpu-check gpu-bench mutate clean
 
 setup:
 	bash scripts/setup-system.sh
@@ -57,6 +57,30 @@ test-stock: setup
 	VENV=$(STOCK_VENV) HPCDP_HOROVOD=stock bash scripts/setup-python.sh
 	PATH=$(abspath $(STOCK_VENV))/bin:$$PATH HPCDP_OTHER_PYTHON=$(abspath $(PY)) \
 	  $(STOCK_VENV)/bin/python -m pytest -ra $(PYTEST_ARGS) $(STOCK_TESTS)
+
+## The oldest supported PyTorch (hpcdp.doctor.TORCH_RANGE's floor) in $(TORCH_FLOOR_VENV), with
+## the patched Horovod built against it, and the tests that show hpcdp runs on it: the unit
+## tests, the collectives, 1 vs 2 ranks, bitwise resume of each workload and of a named
+## network, preemption, export. TORCH_FLOOR_VENV may name an existing venv: it must hold
+## torch $(TORCH_FLOOR) (setup-python.sh installs it only where the venv has no torch).
+TORCH_FLOOR := 2.6.0
+TORCH_FLOOR_VENV ?= .venv-torch-floor
+TORCH_FLOOR_TESTS := tests/unit tests/parallel/test_horovod.py \
+	tests/parallel/test_train.py::test_two_ranks_equal_one_rank_with_twice_the_batch \
+	tests/parallel/test_train.py::test_signal_checkpoint_resume_is_bitwise_identical \
+	tests/parallel/test_one_rank_step.py::test_one_rank_preemption_is_lagged_and_resumes_bitwise \
+	tests/parallel/test_lm_train.py::test_stopped_and_resumed_run_is_bitwise_identical \
+	tests/parallel/test_train_recsys.py::test_stopped_and_resumed_run_is_bitwise_identical \
+	tests/parallel/test_named_networks_ranks.py \
+	tests/parallel/test_eval_export.py::test_image_eval_and_export_reproduce_the_run
+test-torch-floor:
+	bash scripts/setup-system.sh
+	VENV=$(TORCH_FLOOR_VENV) HPCDP_TORCH=torch==$(TORCH_FLOOR) bash scripts/setup-python.sh
+	$(TORCH_FLOOR_VENV)/bin/python -c 'import sys, torch; v = torch.__version__; \
+	  sys.exit(None if v.split("+")[0] == "$(TORCH_FLOOR)" else \
+	  f"test-torch-floor: $(TORCH_FLOOR_VENV) has torch {v}, not $(TORCH_FLOOR)")'
+	PATH=$(abspath $(TORCH_FLOOR_VENV))/bin:$$PATH $(TORCH_FLOOR_VENV)/bin/python -m pytest \
+	  -ra -m "not extended" -n $(PYTEST_WORKERS) $(PYTEST_ARGS) $(TORCH_FLOOR_TESTS)
 
 lint:
 	$(VENV)/bin/ruff check hpcdp tests datasets slurm examples scripts

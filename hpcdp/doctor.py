@@ -71,7 +71,7 @@ def launcher_rank(env: Mapping[str, str]) -> int | None:
 #: pyproject.toml's (`torch>=2.6`, the first safe `torch.load`), the newest is the release
 #: `make setup` installs and `make test` runs on (scripts/setup-python.sh). docs/install.md
 #: states the same range (tests/unit/test_torch_range.py holds all of them to this value).
-TORCH_RANGE = ((2, 6), (2, 13))
+TORCH_RANGE = ((2, 6), (2, 15))
 
 #: The oldest versions under which hpcdp's guarantees hold (pyproject.toml's floors), and
 #: what fails below them.

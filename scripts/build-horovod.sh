@@ -8,8 +8,13 @@
 #
 # Called by setup-python.sh (which downloads the source release) and usable on
 # its own on a node that cannot reach a package index. What it does:
-# - PyTorch >= 2.1 headers need C++17; the release pins C++14: every
-#   `CMAKE_CXX_STANDARD 14` becomes 17.
+# - PyTorch >= 2.1 headers need C++17 and newer ones C++20; the release pins
+#   C++14: every `CMAKE_CXX_STANDARD 14` becomes 17, and that of the PyTorch
+#   library (horovod/torch, which compiles Horovod's common sources beside
+#   PyTorch's headers) the standard PyTorch builds its own extensions with
+#   (torch.utils.cpp_extension: C++17 in torch 2.6, C++20 in later releases,
+#   whose headers need it from 2.15 on; at least 17; TORCH_CXX_STANDARD
+#   overrides it).
 # - CMake >= 4 refuses the bundled Gloo's cmake_minimum_required(2.8.12):
 #   CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake 3.x ignores it).
 # - Wake on enqueue, Gloo yielding when busy, and two-rank Gloo all-reduce in
@@ -18,7 +23,8 @@
 # - Controllers: MPI when mpicc is found (HPCDP_HVD_MPI=0 to leave it out), and
 #   Gloo always.
 # - GPU_OPS: NCCL | none | auto (NCCL when nvcc is found and torch is a CUDA
-#   build). With NCCL: CUDA code only for the GPU architectures torch itself was
+#   build of the same CUDA major version: a CUDA 12 torch beside a CUDA 13 nvcc
+#   gets none, and NCCL asked for there is refused). With NCCL: CUDA code only for the GPU architectures torch itself was
 #   built for (CUDA 13 dropped the old ones in Horovod's default list; override
 #   with HOROVOD_BUILD_CUDA_CC_LIST), and NCCL from the system (HOROVOD_NCCL_HOME,
 #   or the CUDA root) or else from torch's own nvidia-nccl package.
@@ -32,12 +38,21 @@ die() { echo "build-horovod: error: $*" >&2; exit 1; }
 # The GPU operations: NCCL when torch is a CUDA build and nvcc can be found (torch is
 # imported, seconds, only when that is to be found out).
 torch_cuda_version() { "$PY" -c 'import torch; print(torch.version.cuda or "")'; }
+nvcc_cuda_version() { "$nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p' | head -n1; }
 nvcc=""
 if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then nvcc=$CUDA_HOME/bin/nvcc
 elif command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc)
 elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
 if [ "$GPU_OPS" = auto ]; then
-  if [ -n "$nvcc" ] && [ -n "$(torch_cuda_version)" ]; then GPU_OPS=NCCL; else GPU_OPS=none; fi
+  GPU_OPS=none
+  if [ -n "$nvcc" ]; then
+    torch_cuda=$(torch_cuda_version)
+    if [ -n "$torch_cuda" ] && [ "${torch_cuda%%.*}" = "$(nvcc_cuda_version | cut -d. -f1)" ]; then
+      GPU_OPS=NCCL
+    elif [ -n "$torch_cuda" ]; then
+      log "torch is built with CUDA $torch_cuda, $nvcc is CUDA $(nvcc_cuda_version): GPU ops none" >&2
+    fi
+  fi
 fi
 if [ "${1:-}" = --gpu-ops ]; then echo "$GPU_OPS"; exit 0; fi
 
@@ -60,7 +75,24 @@ PYEOF
 )
 [ -z "$missing" ] || die "$PY lacks what Horovod's build needs: $missing (pip install $missing)"
 
-# (grep finds nothing in a source tree patched by an earlier run: not an error.)
+# The C++ standard torch's own extension builder passes (-std=c++NN in
+# torch/utils/cpp_extension.py, read without importing torch), at least 17.
+torch_cxx_standard() {
+  "$PY" - <<'PYEOF'
+import importlib.util, pathlib, re
+origin = importlib.util.find_spec("torch").origin
+text = (pathlib.Path(origin).parent / "utils" / "cpp_extension.py").read_text()
+print(max([17, *map(int, re.findall(r"-std=c\+\+(\d\d)\b", text))]))
+PYEOF
+}
+torch_std=${TORCH_CXX_STANDARD:-$(torch_cxx_standard)}
+case "$torch_std" in 17|20|23) ;; *) die "TORCH_CXX_STANDARD=$torch_std: 17, 20 or 23" ;; esac
+# (grep finds nothing in a source tree patched by an earlier run: not an error. The
+# PyTorch library's file goes first, so that a retried run sets it again.)
+torch_cmake="$SRC/horovod/torch/CMakeLists.txt"
+if [ -f "$torch_cmake" ]; then
+  sed -i -E "s/CMAKE_CXX_STANDARD (14|17|20|23)\)/CMAKE_CXX_STANDARD $torch_std)/" "$torch_cmake"
+fi
 { grep -rl --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC" || true; } \
   | xargs -r sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'
 if grep -rq --include=CMakeLists.txt 'CMAKE_CXX_STANDARD 14' "$SRC"; then
@@ -107,18 +139,33 @@ case "$PATCHES" in
       hpcdp-gloo-yield-when-busy-2
     apply_patch horovod-gloo-pair-allreduce.patch horovod/common/ops/gloo_operations.cc \
       hpcdp-gloo-pair-allreduce-2
-    patched="C++17, wake on enqueue, Gloo yields when busy, pair all-reduce" ;;
+    patched="C++17 (C++$torch_std with torch), wake on enqueue, Gloo yields when busy, pair all-reduce" ;;
   none)
     if grep -rqs -e hpcdp-gloo -e HOROVOD_WAKE_ON_ENQUEUE "$SRC/horovod/common" \
          "$SRC/third_party/gloo/gloo/transport/tcp"; then
       die "$SRC already has hpcdp's patches: unpack the release afresh for a stock build"
     fi
-    patched="C++17 only (stock Horovod)" ;;
+    patched="C++17 (C++$torch_std with torch) only (stock Horovod)" ;;
   *) die "PATCHES=$PATCHES: hpcdp or none" ;;
 esac
 if [ "${1:-}" = --patch-only ]; then
   log "patched $SRC ($patched); not building"
   exit 0
+fi
+
+# Horovod compiles its PyTorch library with CUDA whenever torch is a CUDA build and torch
+# finds a CUDA root, whatever GPU_OPS says. Without NCCL, and with no nvcc of torch's CUDA
+# major version (a CUDA 12 torch beside CUDA 13), that build cannot work: the library is
+# then built for CPU tensors only.
+if [ "$GPU_OPS" = none ] && [ -n "$(torch_cuda_version)" ]; then
+  torch_cuda=$(torch_cuda_version)
+  if [ -z "$nvcc" ] || [ "${torch_cuda%%.*}" != "$(nvcc_cuda_version | cut -d. -f1)" ]; then
+    find_torch="$SRC/cmake/Modules/FindPytorch.cmake"
+    sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' \
+      "$find_torch"
+    grep -q 'CUDA_HOME is not None' "$find_torch" && die "failed to build $find_torch without CUDA"
+    log "torch is built with CUDA $torch_cuda and no nvcc of CUDA ${torch_cuda%%.*} is found: Horovod's PyTorch library is built for CPU tensors only"
+  fi
 fi
 
 # GCC >= 13 no longer includes <string>, <stdexcept> or <cstdint> through other
@@ -140,6 +187,9 @@ if [ "$GPU_OPS" = NCCL ]; then
   [ -n "$nvcc" ] || die "GPU_OPS=NCCL but no nvcc (set CUDA_HOME or put nvcc on PATH)"
   torch_cuda=$(torch_cuda_version)
   [ -n "$torch_cuda" ] || die "GPU_OPS=NCCL but torch is not a CUDA build"
+  nvcc_cuda=$(nvcc_cuda_version)
+  [ "${torch_cuda%%.*}" = "${nvcc_cuda%%.*}" ] \
+    || die "GPU_OPS=NCCL but torch is built with CUDA $torch_cuda and $nvcc is CUDA $nvcc_cuda: use an nvcc of CUDA ${torch_cuda%%.*} (CUDA_HOME) or a torch built for CUDA ${nvcc_cuda%%.*}"
   # The CUDA root as nvcc itself reports it (the nvcc on PATH may be a wrapper).
   : > "$tmp/probe.cu"
   cuda_home=$("$nvcc" -dryrun -c "$tmp/probe.cu" -o "$tmp/probe.o" 2>&1 \

@@ -7,7 +7,7 @@
 # Variables:
 #   VENV                 the virtual environment (default .venv)
 #   PYTHON               the interpreter that creates it (default python3)
-#   HPCDP_TORCH          the torch requirement (default torch==2.13.0)
+#   HPCDP_TORCH          the torch requirement (default torch==2.15.0)
 #   HPCDP_TORCH_INDEX_URL  an extra index for another torch build (e.g. a CPU
 #                        or a specific CUDA build); unset by default
 #   HPCDP_GPU_OPS        NCCL or none (default: NCCL when nvcc and a CUDA torch
@@ -26,7 +26,7 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 HOROVOD_VERSION=0.28.1
 H5PY_VERSION=3.16.0
-TORCH_REQ=${HPCDP_TORCH:-torch==2.13.0}
+TORCH_REQ=${HPCDP_TORCH:-torch==2.15.0}
 CACHE=${HPCDP_WHEEL_CACHE:-$HOME/.cache/hpcdp/wheels}
 # Bump when the way Horovod is patched or built changes, so old wheels are not reused.
 HOROVOD_RECIPE=6
@@ -133,13 +133,14 @@ echo "$hvdkey" > "$VENV/.hpcdp-horovod"
 # --- the project -----------------------------------------------------------
 # With the experiment trackers (the `mlflow` and `wandb` extras: the tests run both) and
 # the model libraries (the `models` extra), each matched to the torch in use: torch is
-# pinned to the installed build in the same command, so pip never replaces it, and
-# torchvision is the release made for this torch (0.(minor + 15): torch 2.13 -> 0.28).
+# pinned to the installed build in the same command, so pip never replaces it, and takes
+# the newest torchvision whose own torch requirement admits it (up to torch 2.13 a
+# torchvision release pins one torch exactly, 0.(minor + 15); from 0.29 on it asks for a
+# lowest torch only, so torch 2.15 gets 0.29).
 torch_pin=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
-tv_minor=$(( $(echo "$torch_pin" | cut -d. -f2) + 15 ))
-log "installing hpcdp (editable) with its test tools, the trackers and the model libraries (torchvision 0.$tv_minor for torch $torch_pin)"
+log "installing hpcdp (editable) with its test tools, the trackers and the model libraries (for torch $torch_pin)"
 "${PIP[@]}" install --no-build-isolation "${find_horovod[@]}" --find-links "$h5dir" \
-  -e ".[dev,models,mlflow,wandb]" "torch==$torch_pin" "torchvision==0.$tv_minor.*"
+  -e ".[dev,models,mlflow,wandb]" "torch==$torch_pin"
 HOROVOD_KIND=$HOROVOD_KIND "$PY" - <<'PYEOF'
 import os, h5py, horovod.torch as hvd, torch
 assert h5py.get_config().mpi, "h5py was not built against parallel HDF5"

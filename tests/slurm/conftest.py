@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +23,8 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv"
+#: The venv the tests run in (make test's VENV), which the jobs on the local cluster use.
+VENV = Path(sys.prefix)
 TRAIN_SBATCH = REPO / "slurm" / "train.sbatch"
 PREP_SBATCH = REPO / "slurm" / "prep.sbatch"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

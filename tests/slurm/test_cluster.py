@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ Cluster = Any  # tests/slurm/conftest.py's Cluster, reached through the fixture
 
 def test_horovod_allreduce_across_two_nodes(slurm_cluster: Cluster, tmp_path: Path) -> None:
     worker = REPO / "tests" / "slurm" / "workers" / "hvd_allreduce.py"
-    python = REPO / ".venv" / "bin" / "python"
+    python = Path(sys.prefix) / "bin" / "python"  # the venv the tests run in
     job = slurm_cluster.sbatch(
         "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path}/smoke-%j.out",
         f"--wrap=srun --mpi=pmix --kill-on-bad-exit=1 {python} {worker}", cwd=tmp_path,

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SBATCH = REPO / "slurm" / "train.sbatch"
 CONFIG = REPO / "hpcdp" / "configs" / "digits.toml"
-VENV = REPO / ".venv"
+#: The venv the tests run in (make test's VENV), which the jobs on the local cluster use.
+VENV = Path(sys.prefix)
 Cluster = Any  # tests/slurm/conftest.py's Cluster, reached through the fixture
 Job = Any
 

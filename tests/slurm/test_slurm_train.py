@@ -109,7 +109,7 @@ def test_submit_one_node_two_gpus(slurm_cluster: Cluster, data: Path, tmp_path: 
     # train_args starts with --config FILE, which is also render()'s config option.
     cmd = [sys.executable, "-m", "hpcdp", "slurm", "submit", "--gpus-per-node", "2",
            "--cpus-per-task", "1", "--time", "10", "--signal-lead", "60",
-           "--venv", str(REPO / ".venv"), "--output", str(tmp_path / "submit-%j.out"),
+           "--venv", sys.prefix, "--output", str(tmp_path / "submit-%j.out"),
            "--save", str(tmp_path / "job.sbatch"), *train_args(tmp_path / "run", data, 4)]
     done = subprocess.run(cmd, env=slurm_cluster.job_env(), cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, check=False)

@@ -1,7 +1,10 @@
 """Runs commands on hostile inputs in one process, each under a time limit: the child of
-test_hostile_images.py, started under a memory cap (RLIMIT_AS).
+test_hostile_images.py, under a memory cap (RLIMIT_AS) it sets itself once its imports are
+done: the address space they took plus CAP_MIB. What the imports take depends on the torch
+build (a CUDA build maps about 3 GB at import, a CPU build 0.65 GB), what a case may
+add does not.
 
-    python hostile_inputs_child.py CASES.json RESULTS.json
+    python hostile_inputs_child.py CASES.json RESULTS.json SECONDS CAP_MIB
 
 CASES.json: [{"name", "command": "prep" | "predict" | "generate", "argv": [...]}, ...].
 Each command's main() runs with stdout and stderr as strict UTF-8 streams (a name that
@@ -35,6 +38,15 @@ def peak_mib() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def address_space() -> int:
+    """This process's address space now, in bytes (VmSize: what RLIMIT_AS limits)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmSize")
 
 
 def _alarm(signum, frame):
@@ -79,10 +91,12 @@ def run(main, argv, seconds):
 def main() -> None:
     with open(sys.argv[1]) as f:
         cases = json.load(f)
-    seconds = int(sys.argv[3]) if len(sys.argv) > 3 else 30
+    seconds, cap_mib = int(sys.argv[3]), int(sys.argv[4])
     signal.signal(signal.SIGALRM, _alarm)
     mains = commands()
-    results = {"imported_peak_mib": peak_mib()}
+    cap = address_space() + (cap_mib << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    results = {"imported_peak_mib": peak_mib(), "cap_mib": cap >> 20}
     for case in cases:
         results[case["name"]] = run(mains[case["command"]], case["argv"], seconds)
         with open(sys.argv[2], "w") as f:  # written as it goes: a killed child leaves some

@@ -1,5 +1,5 @@
 """One supported PyTorch range: doctor's check, docs/install.md, pyproject.toml's floor and
-the setup script's default all state hpcdp.doctor.TORCH_RANGE."""
+the setup script's default and the Makefile's floor target all state hpcdp.doctor.TORCH_RANGE."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ LOW, HIGH = (".".join(map(str, v)) for v in TORCH_RANGE)
 
 @pytest.mark.parametrize(("version", "status"), [
     ("2.5.1+cu124", FAIL), (f"{LOW}.0", OK), (f"{HIGH}.0+cpu", OK), (f"{HIGH}.7", OK),
-    (f"{HIGH}.0rc1", OK), ("2.14.1", WARN), ("2.15.0+cu130", WARN), ("3.0.0", WARN),
+    (f"{HIGH}.0rc1", OK), ("2.16.0", WARN), ("2.17.1+cu130", WARN), ("3.0.0", WARN),
 ])
 def test_doctor_says_when_torch_is_outside_the_range(version, status) -> None:
     check = torch_range_check(version, version)
@@ -38,3 +38,14 @@ def test_docs_pyproject_and_setup_state_the_same_range() -> None:
     assert default.group(1).startswith(f"{HIGH}."), (
         f"make setup installs torch {default.group(1)}, the range ends at {HIGH}")
     assert f"default `torch=={default.group(1)}`" in install
+
+
+def test_the_floor_target_tests_the_floor() -> None:
+    """`make test-torch-floor` installs the oldest release of the range, and docs/install.md
+    names the target."""
+    makefile = (REPO / "Makefile").read_text()
+    floor = re.search(r"^TORCH_FLOOR := ([0-9.]+)$", makefile, re.MULTILINE)
+    assert floor, "the Makefile names no TORCH_FLOOR"
+    assert floor.group(1) == f"{LOW}.0", f"make test-torch-floor tests {floor.group(1)}"
+    assert "HPCDP_TORCH=torch==$(TORCH_FLOOR)" in makefile
+    assert "`make test-torch-floor`" in (REPO / "docs" / "install.md").read_text()
