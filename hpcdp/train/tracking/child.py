@@ -3,7 +3,7 @@
 Rank 0 starts one per tracker (hpcdp.train.tracking.process), so that the tracker
 library takes nothing from training: its imports, its SQLite writes and its retries of
 a dead server hold neither the training process's GIL nor rank 0's pinned core. This
-process runs niced, on every core the job may use, and ignores the signals a
+process runs at the lowest priority, on every core the job may use, and ignores the signals a
 scheduler or a terminal sends the job: it ends when rank 0 closes its input, after
 sending what it holds (rank 0 bounds that wait and kills it after).
 
@@ -33,8 +33,8 @@ from hpcdp.train.tracking import state
 from hpcdp.train.tracking.records import Record, catch_up, parse_jsonl
 from hpcdp.train.tracking.worker import Sink, Worker
 
-#: How far below training this process runs (nice(2) increment).
-NICENESS = 10
+#: How far below training this process runs (a nice value: the lowest priority).
+NICENESS = 19
 #: The signals a job gets from Slurm, mpirun or a terminal, which rank 0 handles.
 JOB_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
@@ -77,14 +77,21 @@ def build_sink(spec: Mapping[str, Any]) -> Sink:
     return getattr(importlib.import_module(module), name)(**spec["args"])
 
 
+def step_back(pid: int) -> None:
+    """Process `pid` below training in priority, on any core the job may use (rank 0 calls
+    it as soon as the child exists, so that not even its start-up runs on rank 0's core
+    at rank 0's priority; the child calls it again for itself)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, NICENESS)
+    with contextlib.suppress(OSError, AttributeError):  # cores outside the job's cpuset
+        os.sched_setaffinity(pid, range(os.cpu_count() or 1))  # are left out by the kernel
+
+
 def stand_aside() -> None:
-    """Below training in priority, on any core the job may use, deaf to job signals."""
+    """Below training, on any core the job may use, deaf to job signals."""
     for name in JOB_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(NICENESS)
-    with contextlib.suppress(OSError, AttributeError):  # cores outside the job's cpuset
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # are left out by the kernel
+    step_back(0)
 
 
 class MessageHandler(logging.Handler):

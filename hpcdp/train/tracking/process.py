@@ -99,6 +99,7 @@ class TrackerProcess:
                 [sys.executable, "-m", child.__name__, "--messages", str(write_end)],
                 stdin=subprocess.PIPE, pass_fds=(write_end,),
                 env=child_environment(os.environ))
+            child.step_back(proc.pid)
         except OSError as e:
             os.close(read_end)
             self.warn(f"could not start its process, and is off for this run: {e}")
