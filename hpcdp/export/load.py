@@ -24,6 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from hpcdp.export import bundle
+from hpcdp.models import libraries
 from hpcdp.models import spec as specs
 from hpcdp.tasks import rebuild
 
@@ -86,6 +87,7 @@ def planned(spec: Mapping[str, Any], tensors: int, where: str
     describes, from a shapes-only build: nothing is allocated."""
     if not rebuild.is_builder(spec):  # a builder is the task's code: its counts are its own
         _check_counts(spec, tensors, where)
+    libraries.import_named(str(spec.get("name", "")))
     try:
         with torch.device("meta"), _ShapesOnly():
             net = rebuild.build(spec)

@@ -148,6 +148,19 @@ def _import_after_torchvision(name: str) -> types.ModuleType:
                            f"{type(e).__name__}: {e}") from None
 
 
+def import_named(model_name: str) -> None:
+    """The library a `library:network` model name names, imported now when it is
+    installed: a shapes-only build (torch.device("meta")) must not be the first import,
+    since torchvision's import (timm and transformers import it too) computes on tensors,
+    which the meta device refuses (torch 2.6 with torchvision 0.21). A failure is left for
+    the build to report."""
+    loaders = {"torchvision": torchvision, "timm": timm, "transformers": transformers}
+    library = model_name.partition(":")[0] if ":" in model_name else ""
+    if library in loaders:
+        with contextlib.suppress(LibraryError):
+            loaders[library]()
+
+
 def prepare_for_user_code() -> None:
     """Before a user's builder module is imported: torchvision (which it may import,
     directly or through timm) made importable, when it is installed."""
