@@ -113,7 +113,7 @@ def open_outputs(run: setup.Run, state: TrainState, resumed_from: str | None) ->
         run_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(run_dir, True)
         (run_dir / "config.toml").write_text(cfgmod.dumps(cfg))
-    # Rank 0's trackers start on threads of their own now, and continue the run's
+    # Rank 0's trackers start in processes of their own now, and continue the run's
     # tracker runs on a resume (hpcdp.train.tracking).
     trackers = (Trackers.start(cfg, state.step if resumed_from else None, os.environ)
                 if run.root else None)
