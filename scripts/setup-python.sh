@@ -7,7 +7,7 @@
 # Variables:
 #   VENV                 the virtual environment (default .venv)
 #   PYTHON               the interpreter that creates it (default python3)
-#   HPCDP_TORCH          the torch requirement (default torch==2.15.0)
+#   HPCDP_TORCH          the torch requirement (default torch==2.13.0)
 #   HPCDP_TORCH_INDEX_URL  an extra index for another torch build (e.g. a CPU
 #                        or a specific CUDA build); unset by default
 #   HPCDP_GPU_OPS        NCCL or none (default: NCCL when nvcc and a CUDA torch
@@ -26,7 +26,9 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 HOROVOD_VERSION=0.28.1
 H5PY_VERSION=3.16.0
-TORCH_REQ=${HPCDP_TORCH:-torch==2.15.0}
+# The default stays 2.13 while make test on 2.15 (a CUDA build, 2.5 s and 660 MB per
+# rank start against 1.8 s and 238 MB) runs past its 20-minute budget (docs/install.md).
+TORCH_REQ=${HPCDP_TORCH:-torch==2.13.0}
 CACHE=${HPCDP_WHEEL_CACHE:-$HOME/.cache/hpcdp/wheels}
 # Bump when the way Horovod is patched or built changes, so old wheels are not reused.
 HOROVOD_RECIPE=6
