@@ -24,7 +24,7 @@ from typing import IO, Any
 import hpcdp
 from hpcdp.train.tracking import child, state
 from hpcdp.train.tracking.records import Record
-from hpcdp.train.tracking.worker import QUEUE_SIZE
+from hpcdp.train.tracking.worker import QUEUE_SIZE, OneWarning
 
 log = logging.getLogger("hpcdp.train.tracking")
 
@@ -43,7 +43,8 @@ class TrackerProcess:
                  known: state.TrackerState, missed: tuple[Path, int] | None,
                  close_timeout_s: float, queue_size: int = QUEUE_SIZE) -> None:
         self.name, self.known = name, known
-        self._warned = self._gone = False  # gone: the child's input is closed
+        self._gone = False  # the child's input is closed
+        self._warn = OneWarning(name)
         self._queue: queue.Queue[str | None] = queue.Queue(queue_size + 1)
         self._queue.put(child.job_line(sink, run_dir, known, missed, close_timeout_s))
         self.proc, self._reader = self._start()
@@ -85,12 +86,7 @@ class TrackerProcess:
 
     def warn(self, message: str) -> None:
         """Rank 0's one warning of this tracker (its child warns of its own troubles)."""
-        text = f"tracker {self.name}: {message}"
-        if self._warned:
-            log.debug(text)
-            return
-        self._warned = True
-        log.warning(text)
+        self._warn(message)
 
     def _start(self) -> tuple[subprocess.Popen[bytes] | None, threading.Thread]:
         read_end, write_end = os.pipe()

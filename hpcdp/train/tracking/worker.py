@@ -68,6 +68,21 @@ def latest(*sent: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+class OneWarning:
+    """A tracker's one warning: later troubles are only logged at debug."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.given = name, False
+
+    def __call__(self, message: str) -> None:
+        text = f"tracker {self.name}: {message}"
+        if self.given:
+            log.debug(text)
+            return
+        self.given = True
+        log.warning(text)
+
+
 class Worker:
     """A Sink on its own thread, with the run folder's memory of it."""
 
@@ -79,7 +94,7 @@ class Worker:
         self.sink, self.run_dir, self.known, self.missed = sink, run_dir, known, missed
         self.failed = False
         self.logged: dict[str, int] = {}  # the last steps handed to the tracker
-        self._warned = False
+        self._warn = OneWarning(sink.name)
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(queue_size)
         self._thread = threading.Thread(target=self._run, name=f"hpcdp-{sink.name}",
                                         daemon=True)
@@ -115,12 +130,7 @@ class Worker:
 
     def warn(self, message: str) -> None:
         """The one warning of this tracker (later troubles are only logged at debug)."""
-        text = f"tracker {self.sink.name}: {message}"
-        if self._warned:
-            log.debug(text)
-            return
-        self._warned = True
-        log.warning(text)
+        self._warn(message)
 
     def _put(self, item: tuple[str, Any]) -> None:
         if self.failed:
