@@ -1,5 +1,11 @@
 """The checks a built config passes before any data, model or runtime: ranges, choices
-and the relations between keys."""
+and the relations between keys.
+
+Each shared section has its own check, given that section's values and, where Horovod
+reads the environment too ([horovod]'s stall times), the environment as an argument,
+so that each can be called alone; `validate` runs them in the sections' order, then
+the checks that relate keys of two sections, then the task's own section.
+"""
 
 from __future__ import annotations
 
@@ -7,91 +13,259 @@ import importlib.util
 import math
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from hpcdp import profile_spec
 from hpcdp.config.schema import (
     CHOICES,
     SIGNAL_NAMES,
+    CheckpointConfig,
     Config,
     ConfigError,
+    DataConfig,
     HorovodConfig,
+    LogConfig,
+    OptimConfig,
+    PreemptConfig,
     RunConfig,
+    ScheduleConfig,
     find_task,
 )
 from hpcdp.config.values import _unknown
 
 
-def _choices(cfg: Config) -> dict[str, tuple[str, ...]]:
-    """CHOICES and the task's own, as {"section.key": allowed}."""
-    section = find_task(cfg.task.name).section
-    own = {f"{section.key}.{k}": v for k, v in section.choices.items()} if section else {}
-    return {**CHOICES, **own}
+def validate(cfg: Config, environ: Mapping[str, str]) -> None:
+    """Range and choice checks that need no data, no model and no runtime.
+
+    `environ` is the environment the job will run in (build's): Horovod reads its stall
+    times from there when the config leaves them negative.
+    """
+    check_run(cfg.run)
+    check_data(cfg.data)
+    check_optim(cfg.optim)
+    check_schedule(cfg.schedule)
+    check_horovod(cfg.horovod, environ)
+    check_checkpoint(cfg.checkpoint)
+    check_preempt(cfg.preempt)
+    check_log(cfg.log)
+    check_across_sections(cfg)
+    check_task_section(cfg)
 
 
-def validate(cfg: Config) -> None:
-    """Range and choice checks that need no data, no model and no runtime."""
-    task = find_task(cfg.task.name)
-    for key, allowed in _choices(cfg).items():
-        sec, name = key.split(".")
-        value = getattr(getattr(cfg, sec), name)
+def check_choices(sec: str, values: Any,
+                  choices: Mapping[str, tuple[str, ...]] = CHOICES) -> None:
+    """Raise ConfigError for the first key of section `sec` whose value is not one of its
+    choices (`choices` as {"section.key": allowed})."""
+    for key, allowed in choices.items():
+        owner, name = key.split(".")
+        if owner != sec:
+            continue
+        value = getattr(values, name)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
-    positive = {
-        "run.epochs": cfg.run.epochs,
-        "data.batch_size": cfg.data.batch_size,
-        "optim.ref_batch": cfg.optim.ref_batch,
-        "horovod.backward_passes_per_step": cfg.horovod.backward_passes_per_step,
-        "checkpoint.keep": cfg.checkpoint.keep,
-        "preempt.check_every": cfg.preempt.check_every,
-        "log.every_steps": cfg.log.every_steps,
-    }
-    at_least_one(positive)
-    non_negative = {
-        "run.max_steps": cfg.run.max_steps,
-        "run.stop_at_step": cfg.run.stop_at_step,
-        "data.global_batch_size": cfg.data.global_batch_size,
-        "data.val_batch_size": cfg.data.val_batch_size,
-        "data.window_samples": cfg.data.window_samples,
-        "data.virtual_shards": cfg.data.virtual_shards,
-        "data.prefetch": cfg.data.prefetch,
-        "checkpoint.every_steps": cfg.checkpoint.every_steps,
-        "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
-        "optim.weight_decay": cfg.optim.weight_decay,
-        "preempt.max_requeues": cfg.preempt.max_requeues,
-        "optim.grad_clip": cfg.optim.grad_clip,
-    }
-    not_negative(non_negative)
-    if not cfg.data.path:
+
+
+def _no_nul(sec: str, values: Any, names: tuple[str, ...]) -> None:
+    """Paths go to the OS, which cuts a string at its first NUL."""
+    for name in names:
+        if "\0" in getattr(values, name):
+            raise ConfigError(f"{sec}.{name} must not hold a NUL character")
+
+
+def check_run(run: RunConfig) -> None:
+    """[run]: its choices, length, seed, folder name, watchdog, profile and trackers."""
+    check_choices("run", run)
+    at_least_one({"run.epochs": run.epochs})
+    not_negative({"run.max_steps": run.max_steps, "run.stop_at_step": run.stop_at_step})
+    _check_stall_keys(run)
+    if run.precision == "fp16" and run.device == "cpu":
+        raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 on CPUs)")
+    if not 0 <= run.seed < 2**63:
+        raise ConfigError(f"run.seed={run.seed}: must lie in [0, 2**63)")
+    name = run.name
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"run.name={name!r}: must be a plain folder name (set run.dir for a "
+                          "path)")
+    try:
+        profile_spec.parse(run.profile)
+    except profile_spec.ProfileSpecError as e:
+        raise ConfigError(str(e)) from None
+    _check_trackers(run)
+    _no_nul("run", run, ("dir",))
+
+
+def _check_stall_keys(run: RunConfig) -> None:
+    if run.stall_floor_s <= 0:
+        raise ConfigError(f"run.stall_floor_s={run.stall_floor_s:g}: must be positive "
+                          "(turn the watchdog off with run.step_timeout_s=0)")
+    for key, value in (("run.stall_multiple", run.stall_multiple),
+                       ("run.stall_warmup_factor", run.stall_warmup_factor)):
+        if value < 1:
+            raise ConfigError(f"{key}={value:g}: must be at least 1")
+
+
+def check_data(data: DataConfig) -> None:
+    """[data]: the batch, the reader's counts, the folder and files, the stage folder."""
+    check_choices("data", data)
+    at_least_one({"data.batch_size": data.batch_size})
+    not_negative({
+        "data.global_batch_size": data.global_batch_size,
+        "data.val_batch_size": data.val_batch_size,
+        "data.window_samples": data.window_samples,
+        "data.virtual_shards": data.virtual_shards,
+        "data.prefetch": data.prefetch,
+    })
+    if not data.path:
         raise ConfigError("data.path is not set: the folder holding the training data")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr={cfg.optim.lr}: must be positive")
-    if cfg.horovod.gradient_predivide_factor <= 0:
-        raise ConfigError("horovod.gradient_predivide_factor must be positive")
-    if cfg.horovod.op == "adasum" and cfg.horovod.gradient_predivide_factor != 1.0:
-        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with horovod.op='adasum'")
-    if cfg.horovod.op == "adasum" and cfg.run.precision == "fp16":
-        raise ConfigError("horovod.op='adasum' cannot be combined with run.precision='fp16' "
-                          "(Adasum steps inside its hooks, where a GradScaler cannot act)")
-    if cfg.schedule.kind == "step" and not cfg.schedule.milestones:
+    not_empty({"data.train_file": data.train_file, "data.val_file": data.val_file})
+    _check_staging(data)
+    _no_nul("data", data, ("path", "stage_dir"))
+
+
+def _check_staging(data: DataConfig) -> None:
+    """File names that keep their copies inside data.stage_dir (expanded later, per node)."""
+    if not data.stage_dir:
+        return
+    for key in ("data.train_file", "data.val_file"):
+        error = stage_name_error(key, getattr(data, key.split(".")[1]))
+        if error:
+            raise ConfigError(error)
+
+
+def check_optim(optim: OptimConfig) -> None:
+    """[optim]: the rate and its batch, decay, clipping, momentum, betas, LARS's trust."""
+    check_choices("optim", optim)
+    at_least_one({"optim.ref_batch": optim.ref_batch})
+    not_negative({"optim.weight_decay": optim.weight_decay, "optim.grad_clip": optim.grad_clip})
+    if optim.lr <= 0:
+        raise ConfigError(f"optim.lr={optim.lr}: must be positive")
+    if optim.momentum < 0:
+        raise ConfigError(f"optim.momentum={optim.momentum}: must not be negative")
+    if optim.name == "sgd" and optim.nesterov and optim.momentum == 0:
+        raise ConfigError("optim.nesterov=true needs a positive optim.momentum")
+    betas = optim.betas
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"optim.betas={betas}: two numbers in [0, 1)")
+    if optim.trust_coefficient <= 0:
+        raise ConfigError(f"optim.trust_coefficient={optim.trust_coefficient}: must be "
+                          "positive")
+
+
+def check_schedule(schedule: ScheduleConfig) -> None:
+    """[schedule]: warmup, the end factors, the polynomial's power, the steps' milestones."""
+    check_choices("schedule", schedule)
+    not_negative({"schedule.warmup_epochs": schedule.warmup_epochs})
+    if schedule.kind == "step" and not schedule.milestones:
         raise ConfigError("schedule.kind='step' needs schedule.milestones (epochs)")
-    if sorted(cfg.schedule.milestones) != cfg.schedule.milestones:
-        raise ConfigError(f"schedule.milestones={cfg.schedule.milestones}: must be increasing")
-    if not 0.0 <= cfg.schedule.warmup_start_factor <= 1.0:
+    if sorted(schedule.milestones) != schedule.milestones:
+        raise ConfigError(f"schedule.milestones={schedule.milestones}: must be increasing")
+    if any(m < 0 for m in schedule.milestones):
+        raise ConfigError(f"schedule.milestones={schedule.milestones}: must not be negative")
+    if not 0.0 <= schedule.warmup_start_factor <= 1.0:
         raise ConfigError("schedule.warmup_start_factor must lie in [0, 1]")
-    if not 0.0 <= cfg.schedule.min_factor <= 1.0:
+    if not 0.0 <= schedule.min_factor <= 1.0:
         raise ConfigError("schedule.min_factor must lie in [0, 1]")
-    for sig in cfg.preempt.signals:
-        if sig not in SIGNAL_NAMES:
-            raise ConfigError(f"preempt.signals: {sig!r} is not one of {', '.join(SIGNAL_NAMES)}")
-    _check_stall_keys(cfg)
-    error = horovod_stall_error(cfg.horovod, os.environ)
+    if schedule.gamma <= 0:
+        raise ConfigError(f"schedule.gamma={schedule.gamma}: must be positive")
+    if schedule.power <= 0:
+        raise ConfigError(f"schedule.power={schedule.power}: must be positive")
+
+
+def check_horovod(hc: HorovodConfig, environ: Mapping[str, str]) -> None:
+    """[horovod]: accumulation, reduction, compression, and the stall times as Horovod
+    will read them, from these keys or else from `environ`."""
+    check_choices("horovod", hc)
+    at_least_one({"horovod.backward_passes_per_step": hc.backward_passes_per_step})
+    if hc.gradient_predivide_factor <= 0:
+        raise ConfigError("horovod.gradient_predivide_factor must be positive")
+    if hc.op == "adasum" and hc.gradient_predivide_factor != 1.0:
+        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with horovod.op='adasum'")
+    error = horovod_stall_error(hc, environ)
     if error:
         raise ConfigError(error)
-    if cfg.run.precision == "fp16" and cfg.run.device == "cpu":
-        raise ConfigError("run.precision='fp16' needs a GPU (use bf16 or fp32 on CPUs)")
-    _validate_more(cfg)
-    if task.section is not None and task.section.check is not None:
-        task.section.check(cfg)
+    _check_bf16(hc)
+    _check_powersgd(hc)
+    _no_nul("horovod", hc, ("timeline",))
+
+
+def _check_bf16(hc: HorovodConfig) -> None:
+    """bf16 compression travels in hpcdp's gradient buckets, which average (no Adasum)."""
+    if hc.compression != "bf16":
+        return
+    if hc.op == "adasum":
+        raise ConfigError("horovod.compression='bf16' cannot be combined with "
+                          "horovod.op='adasum' (bf16 travels in hpcdp's averaging buckets)")
+    if hc.bucket_mb == 0:
+        raise ConfigError("horovod.compression='bf16' needs hpcdp's gradient buckets "
+                          "(Horovod 0.28 all-reduces no bf16): set horovod.bucket_mb to a "
+                          "size in MiB or -1, not 0")
+
+
+def _check_powersgd(hc: HorovodConfig) -> None:
+    """The PowerSGD keys' ranges, and the reduction PowerSGD cannot be combined with."""
+    if hc.powersgd_rank < 1:
+        raise ConfigError(f"horovod.powersgd_rank={hc.powersgd_rank}: must be at least 1")
+    not_negative({"horovod.powersgd_warmup_steps": hc.powersgd_warmup_steps,
+                  "horovod.powersgd_min_elements": hc.powersgd_min_elements})
+    if hc.compression != "powersgd":
+        return
+    if hc.op == "adasum":
+        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
+                          "horovod.op='adasum' (PowerSGD averages)")
+    if hc.gradient_predivide_factor != 1.0:
+        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with "
+                          "horovod.compression='powersgd' (its factors are summed, then divided)")
+
+
+def check_checkpoint(ck: CheckpointConfig) -> None:
+    """[checkpoint]: how many are kept, how often, and a resume that names something."""
+    check_choices("checkpoint", ck)
+    at_least_one({"checkpoint.keep": ck.keep})
+    not_negative({"checkpoint.every_steps": ck.every_steps})
+    not_empty({"checkpoint.resume": ck.resume})
+    _no_nul("checkpoint", ck, ("dir", "resume"))
+
+
+def check_preempt(preempt: PreemptConfig) -> None:
+    """[preempt]: the agreement's period, the requeue bound, signals that exist."""
+    check_choices("preempt", preempt)
+    at_least_one({"preempt.check_every": preempt.check_every})
+    not_negative({"preempt.max_requeues": preempt.max_requeues})
+    for sig in preempt.signals:
+        if sig not in SIGNAL_NAMES:
+            raise ConfigError(f"preempt.signals: {sig!r} is not one of {', '.join(SIGNAL_NAMES)}")
+
+
+def check_log(log: LogConfig) -> None:
+    """[log]: a log line's period."""
+    check_choices("log", log)
+    at_least_one({"log.every_steps": log.every_steps})
+
+
+def check_across_sections(cfg: Config) -> None:
+    """What Adasum and PowerSGD cannot be combined with in [run] and [optim]."""
+    hc, precision = cfg.horovod, cfg.run.precision
+    if hc.op == "adasum" and precision == "fp16":
+        raise ConfigError("horovod.op='adasum' cannot be combined with run.precision='fp16' "
+                          "(Adasum steps inside its hooks, where a GradScaler cannot act)")
+    if cfg.optim.grad_clip > 0 and hc.op == "adasum":
+        raise ConfigError("optim.grad_clip cannot be combined with horovod.op='adasum' (Adasum "
+                          "steps inside its hooks, before any averaged gradient exists)")
+    if hc.compression == "powersgd" and precision == "fp16":
+        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
+                          "run.precision='fp16': the residuals would carry the loss scale from "
+                          "step to step (use bf16)")
+
+
+def check_task_section(cfg: Config) -> None:
+    """The task's own section: its choices, then the task's own check."""
+    section = find_task(cfg.task.name).section
+    if section is None:
+        return
+    choices = {f"{section.key}.{k}": v for k, v in section.choices.items()}
+    check_choices(section.key, getattr(cfg, section.key), choices)
+    if section.check is not None:
+        section.check(cfg)
 
 
 def at_least_one(values: Mapping[str, float]) -> None:
@@ -115,44 +289,11 @@ def not_empty(values: Mapping[str, str]) -> None:
             raise ConfigError(f"{key} must not be empty")
 
 
-def _validate_more(cfg: Config) -> None:
-    """Ranges the optimizer, the seed and the run folder would otherwise reject mid-setup."""
-    if not 0 <= cfg.run.seed < 2**63:
-        raise ConfigError(f"run.seed={cfg.run.seed}: must lie in [0, 2**63)")
-    if cfg.optim.momentum < 0:
-        raise ConfigError(f"optim.momentum={cfg.optim.momentum}: must not be negative")
-    if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
-        raise ConfigError("optim.nesterov=true needs a positive optim.momentum")
-    _validate_optim(cfg)
-    _validate_powersgd(cfg.horovod, cfg.run.precision)
-    if cfg.schedule.gamma <= 0:
-        raise ConfigError(f"schedule.gamma={cfg.schedule.gamma}: must be positive")
-    if any(m < 0 for m in cfg.schedule.milestones):
-        raise ConfigError(f"schedule.milestones={cfg.schedule.milestones}: must not be negative")
-    name = cfg.run.name
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise ConfigError(f"run.name={name!r}: must be a plain folder name (set run.dir for a "
-                          "path)")
-    not_empty({"data.train_file": cfg.data.train_file, "data.val_file": cfg.data.val_file,
-               "checkpoint.resume": cfg.checkpoint.resume})
-    _validate_staging(cfg)
-    try:
-        profile_spec.parse(cfg.run.profile)
-    except profile_spec.ProfileSpecError as e:
-        raise ConfigError(str(e)) from None
-    _validate_trackers(cfg.run)
-    for key in ("run.dir", "data.path", "checkpoint.dir", "checkpoint.resume", "horovod.timeline",
-                "data.stage_dir"):
-        sec, attr = key.split(".")
-        if "\0" in getattr(getattr(cfg, sec), attr):
-            raise ConfigError(f"{key} must not hold a NUL character")
-
-
 #: Experiment trackers (hpcdp.train.tracking), each with the module its extra installs.
 TRACKERS = {"mlflow": "mlflow", "wandb": "wandb"}
 
 
-def _validate_trackers(run: RunConfig) -> None:
+def _check_trackers(run: RunConfig) -> None:
     """Known tracker names, each once and installed; a project name; a bound that is one."""
     for name in run.trackers:
         if name not in TRACKERS:
@@ -183,65 +324,6 @@ def stage_name_error(key: str, name: str) -> str | None:
     return None
 
 
-def _validate_powersgd(hc: HorovodConfig, precision: str) -> None:
-    """The PowerSGD keys' ranges, and what PowerSGD cannot be combined with."""
-    if hc.powersgd_rank < 1:
-        raise ConfigError(f"horovod.powersgd_rank={hc.powersgd_rank}: must be at least 1")
-    not_negative({"horovod.powersgd_warmup_steps": hc.powersgd_warmup_steps,
-                  "horovod.powersgd_min_elements": hc.powersgd_min_elements})
-    if hc.compression != "powersgd":
-        return
-    if hc.op == "adasum":
-        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
-                          "horovod.op='adasum' (PowerSGD averages)")
-    if hc.gradient_predivide_factor != 1.0:
-        raise ConfigError("horovod.gradient_predivide_factor must be 1.0 with "
-                          "horovod.compression='powersgd' (its factors are summed, then divided)")
-    if precision == "fp16":
-        raise ConfigError("horovod.compression='powersgd' cannot be combined with "
-                          "run.precision='fp16': the residuals would carry the loss scale from "
-                          "step to step (use bf16)")
-
-
-def _validate_staging(cfg: Config) -> None:
-    """File names that keep their copies inside data.stage_dir (expanded later, per node)."""
-    if not cfg.data.stage_dir:
-        return
-    for key in ("data.train_file", "data.val_file"):
-        error = stage_name_error(key, getattr(cfg.data, key.split(".")[1]))
-        if error:
-            raise ConfigError(error)
-
-
-def _validate_optim(cfg: Config) -> None:
-    """Betas, clipping (which needs the averaged gradients), LARS's trust, the power."""
-    betas = cfg.optim.betas
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ConfigError(f"optim.betas={betas}: two numbers in [0, 1)")
-    if cfg.optim.grad_clip > 0 and cfg.horovod.op == "adasum":
-        raise ConfigError("optim.grad_clip cannot be combined with horovod.op='adasum' (Adasum "
-                          "steps inside its hooks, before any averaged gradient exists)")
-    if cfg.optim.trust_coefficient <= 0:
-        raise ConfigError(f"optim.trust_coefficient={cfg.optim.trust_coefficient}: must be "
-                          "positive")
-    if cfg.schedule.power <= 0:
-        raise ConfigError(f"schedule.power={cfg.schedule.power}: must be positive")
-    _validate_bf16(cfg.horovod)
-
-
-def _validate_bf16(hc: HorovodConfig) -> None:
-    """bf16 compression travels in hpcdp's gradient buckets, which average (no Adasum)."""
-    if hc.compression != "bf16":
-        return
-    if hc.op == "adasum":
-        raise ConfigError("horovod.compression='bf16' cannot be combined with "
-                          "horovod.op='adasum' (bf16 travels in hpcdp's averaging buckets)")
-    if hc.bucket_mb == 0:
-        raise ConfigError("horovod.compression='bf16' needs hpcdp's gradient buckets "
-                          "(Horovod 0.28 all-reduces no bf16): set horovod.bucket_mb to a "
-                          "size in MiB or -1, not 0")
-
-
 def check_paths(cfg: Config) -> None:
     """Paths that exist but are the wrong kind (a file where a folder belongs, or back).
 
@@ -262,17 +344,6 @@ def check_paths(cfg: Config) -> None:
     for key, file in files.items():
         if os.path.isdir(file):
             raise ConfigError(f"{key}: {file!r} is a folder, not a file")
-
-
-def _check_stall_keys(cfg: Config) -> None:
-    run = cfg.run
-    if run.stall_floor_s <= 0:
-        raise ConfigError(f"run.stall_floor_s={run.stall_floor_s:g}: must be positive "
-                          "(turn the watchdog off with run.step_timeout_s=0)")
-    for key, value in (("run.stall_multiple", run.stall_multiple),
-                       ("run.stall_warmup_factor", run.stall_warmup_factor)):
-        if value < 1:
-            raise ConfigError(f"{key}={value:g}: must be at least 1")
 
 
 HOROVOD_STALL_CHECK_DEFAULT_S = 60

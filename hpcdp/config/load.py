@@ -103,8 +103,9 @@ def build(path: str | Path | None = None, overrides: Sequence[str] = (),
     The task is named by the file or an override (task.name) and found by name
     (find_task); its own section joins the config and its defaults apply before the
     file. `task_defaults(name)`, when given, stands in for the task's own defaults.
-    `environ` (default: os.environ) expands `${NAME}` in paths: a submission checks
-    the config with the job's variables standing in.
+    `environ` (default: os.environ) expands `${NAME}` in paths and is the environment
+    the checks read (Horovod's stall times): a submission checks the config with the
+    job's variables standing in.
     """
     cfg = Config()
     if path is not None and not isinstance(path, (str, os.PathLike)):
@@ -123,8 +124,9 @@ def build(path: str | Path | None = None, overrides: Sequence[str] = (),
         apply_mapping(cfg, {sec: {key: value}}, f"in override {text!r}")
     cfg.task.name = name  # a file reference as chosen_task made it: absolute
     cfg.model.name = absolute_model(cfg.model.name, model_folder(mapping, parsed, path))
-    expand_paths(cfg, os.environ if environ is None else environ)
-    validate(cfg)
+    environ = os.environ if environ is None else environ
+    expand_paths(cfg, environ)
+    validate(cfg, environ)
     check_paths(cfg)
     return cfg
 
