@@ -167,7 +167,7 @@ def measure_of(args: argparse.Namespace, cuda_available: bool) -> Measure:
 
 def _buffers(nbytes: int, device: str) -> tuple[Any, Any, Any]:
     """(ones, empty, zeros): float32 buffers of `nbytes` on `device`."""
-    import torch
+    import torch  # in the ranks only: the parent that launches them stays torch-free
 
     n = nbytes // 4
     return (torch.ones(n, device=device), torch.empty(n, device=device),
@@ -250,7 +250,7 @@ def _mpi_solo_rounds(m: Measure, mpi: Any, times: dict[int, dict[str, list[float
 def _ops(nbytes: int, device: str, hvd: Any, mpi: Any | None) -> dict[str, Callable[[], object]]:
     """Every column's operation on buffers of `nbytes` of its own (the calls hold them);
     the raw MPI ones only with `mpi` (mpi4py's MPI), on the same buffers' memory."""
-    import torch
+    import torch  # in the ranks only, as above
 
     n = nbytes // 4
     src, dst, buf = _buffers(nbytes, device)

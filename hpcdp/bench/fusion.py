@@ -140,7 +140,7 @@ def _bucket_round(hvd: Any, tensors: list[Any], bucket_bytes: int,
                   backward_work: Callable[[], None]) -> tuple[Callable[[], None], list[Any]]:
     """A round that hands each tensor to hpcdp's gradient buckets as a parameter's
     gradient, then waits for the buckets; and those parameters, to check after."""
-    import torch
+    import torch  # in the ranks only: the parent that launches them stays torch-free
 
     from hpcdp.runtime.grad_buckets import bucketed
 
@@ -162,7 +162,7 @@ def _bucket_round(hvd: Any, tensors: list[Any], bucket_bytes: int,
 
 def _check_bucket_means(hvd: Any, params: list[Any]) -> None:
     """Every gradient the buckets reduced is the mean of the ranks' (rank + 1)."""
-    import torch
+    import torch  # in the ranks only, as above
 
     mean = (hvd.size() + 1) / 2
     wrong = [i for i, p in enumerate(params) if not torch.all(p.grad == mean)]
