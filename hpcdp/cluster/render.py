@@ -176,7 +176,7 @@ def _template(name: str) -> str:
 HEADER = _template("train_header")
 PREP_HEADER = _template("prep_header")
 PROLOGUE = _template("prologue")
-TRAIN = _template("train").replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
+TRAIN = _template("train").replace("__EXIT_REQUEUE__", str(EXIT_REQUEUE))
 PREP = _template("prep")
 
 

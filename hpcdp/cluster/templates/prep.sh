@@ -23,6 +23,7 @@ log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
 # runs this script again with --resume. Nothing to save first: a block is written
 # whole or not at all, so a plain kill loses at most the blocks in progress.
 srun_pid=
+# shellcheck disable=SC2329  # called by the USR1 trap
 requeue() {
   local job="${SLURM_JOB_ID:-?}"
   [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"

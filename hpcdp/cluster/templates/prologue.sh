@@ -2,11 +2,13 @@
 log() { echo "[hpcdp.sbatch $(date -u +%H:%M:%S)] $*"; }
 if [[ -n "${HPCDP_SETUP:-}" ]]; then
   [[ -f "$HPCDP_SETUP" ]] || { log "error: HPCDP_SETUP=$HPCDP_SETUP is not a file"; exit 2; }
+  # shellcheck source=/dev/null  # the site's file, not this script's to lint
   source "$HPCDP_SETUP"
 fi
 if [[ -n "${HPCDP_VENV:-}" ]]; then
   [[ -f "$HPCDP_VENV/bin/activate" ]] || {
     log "error: HPCDP_VENV=$HPCDP_VENV has no bin/activate"; exit 2; }
+  # shellcheck source=/dev/null
   source "$HPCDP_VENV/bin/activate"
 fi
 python="${HPCDP_PYTHON:-python3}"

@@ -1,71 +1,27 @@
-# Layout. With GPUs per task (--gpus-per-task, --ntasks-per-gpu): the job's tasks,
-# Slurm gives each its GPU(s). Other GPU jobs: one rank per GPU of each node, which
-# needs the same GPU count on every node. Without GPUs: the job's tasks.
-nodes="${SLURM_JOB_NUM_NODES:-1}"
-# SLURM_GPUS_ON_NODE (Slurm >= 20.11), else --gpus-per-node's value ("4" or "a100:4").
-gpus="${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE##*:}}"
-gpus="${gpus:-0}"
-# Slurm's per-node lists, one value per node: "2(x3),1" -> "2 2 2 1".
-per_node() {
-  local item i items out=()
-  IFS=, read -ra items <<< "$1"
-  for item in "${items[@]}"; do
-    if [[ "$item" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
-      for (( i = 0; i < BASH_REMATCH[2]; i++ )); do out+=("${BASH_REMATCH[1]}"); done
-    else
-      out+=("$item")
-    fi
-  done
-  echo "${out[*]}"
+# Layout: how many ranks, spread how over the nodes, with how many CPUs each, from what
+# Slurm granted (hpcdp.cluster.layout: one rank per GPU, or per task with GPUs per task
+# or without GPUs; CPUs per rank from --cpus-per-task or the nodes' counts). It prints
+# "ranks nodes GPUs/node CPUs/rank overcommit" and srun's layout options, or says what
+# is wrong and exits 2. It runs here, in the batch shell: with HPCDP_BATCH_PYTHON, else
+# the ranks' python, unless a container runs the ranks (a launch prefix, or pyxis's
+# --container-image), whose interpreter is the image's: then this shell's python3.
+layout_python="${HPCDP_BATCH_PYTHON:-$python}"
+if [[ -z "${HPCDP_BATCH_PYTHON:-}" ]] && { (( ${#launch_prefix[@]} )) ||
+     [[ " ${srun_options[*]} " == *" --container-image="* ]]; }; then
+  layout_python=python3
+fi
+layout_out="$("$layout_python" -m hpcdp.cluster.layout)" || {
+  status=$?
+  (( status == 2 )) || log "error: $layout_python -m hpcdp.cluster.layout failed" \
+    "(exit status $status): the batch shell needs a python that imports hpcdp" \
+    "(HPCDP_VENV, HPCDP_PYTHON or HPCDP_BATCH_PYTHON)"
+  exit "$status"
 }
-if [[ -n "${SLURM_GPUS_PER_TASK:-}${SLURM_NTASKS_PER_GPU:-}" ]]; then
-  ntasks="${SLURM_NTASKS:-$nodes}"
-  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
-  layout=(--ntasks="$ntasks")
-elif (( gpus > 0 )); then
-  if [[ -n "${SLURM_NTASKS_PER_NODE:-}" && "$SLURM_NTASKS_PER_NODE" != "$gpus" ]]; then
-    log "error: one rank per GPU, but --ntasks-per-node=$SLURM_NTASKS_PER_NODE" \
-        "differs from the $gpus GPUs per node"
-    exit 2
-  fi
-  if (( nodes > 1 )) && [[ -n "${SLURM_GPUS:-}" && -z "${SLURM_GPUS_PER_NODE:-}" ]]; then
-    log "error: --gpus=$SLURM_GPUS over $nodes nodes may give the nodes different GPU" \
-        "counts, and one rank per GPU needs the same count on each: ask for" \
-        "--gpus-per-node, or --gpus-per-task with --ntasks"
-    exit 2
-  fi
-  ntasks=$(( nodes * gpus ))
-  tasks_on=()
-  for (( i = 0; i < nodes; i++ )); do tasks_on+=("$gpus"); done
-  layout=(--ntasks="$ntasks" --ntasks-per-node="$gpus")
-else
-  ntasks="${SLURM_NTASKS:-$(( nodes * ${SLURM_NTASKS_PER_NODE:-1} ))}"
-  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
-  layout=(--ntasks="$ntasks")
+{ read -r ntasks nodes gpus cpus_per_task overcommit; read -ra layout; } <<< "$layout_out"
+# Ranks that share CPUs yield them while they wait in MPI (an exported value wins).
+if (( overcommit )); then
+  export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
 fi
-
-# CPUs per rank: --cpus-per-task if given, else the fewest that any node can give each
-# of its ranks (Slurm's per-node counts). srun needs the number: Slurm >= 22.05 reads
-# SRUN_CPUS_PER_TASK and no longer passes sbatch's --cpus-per-task on.
-read -ra cpus_on <<< "$(per_node "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")"
-cpus_per_task="${SLURM_CPUS_PER_TASK:-}"
-if [[ -z "$cpus_per_task" ]]; then
-  for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
-    share=$(( ${cpus_on[i]:-${cpus_on[0]}} / (tasks_on[i] > 0 ? tasks_on[i] : 1) ))
-    if [[ -z "$cpus_per_task" ]] || (( share < cpus_per_task )); then cpus_per_task=$share; fi
-  done
-  (( cpus_per_task >= 1 )) || cpus_per_task=1
-fi
-overcommit=()
-for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
-  if (( ${cpus_on[i]:-${cpus_on[0]}} < tasks_on[i] * cpus_per_task )); then
-    log "warning: ${cpus_on[i]:-${cpus_on[0]}} CPUs on node $i for ${tasks_on[i]} ranks," \
-        "so ranks share CPUs; ask for --cpus-per-gpu, --cpus-per-task or --exclusive"
-    overcommit=(--overcommit)
-    export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
-    break
-  fi
-done
 export SRUN_CPUS_PER_TASK=$cpus_per_task
 # Threads per rank, each rank's GPU and Horovod's fusion threshold and cycle time are
 # chosen by hpcdp itself, from what the rank was given (its CPU affinity; the GPUs it
@@ -76,8 +32,8 @@ export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 
 read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
-srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
-           --kill-on-bad-exit=1 "${srun_options[@]}" "${srun_extra[@]}")
+srun_args=("${mpi[@]}" "${layout[@]}" --kill-on-bad-exit=1 "${srun_options[@]}"
+           "${srun_extra[@]}")
 # `--script FILE [--]` first: the ranks run that script instead of hpcdp.train.
 if [[ "${1:-}" == --script ]]; then
   [[ -n "${2:-}" && "$2" != -* ]] || { log "error: --script needs a file name"; exit 2; }
@@ -86,6 +42,7 @@ if [[ "${1:-}" == --script ]]; then
   [[ "${1:-}" != -- ]] || shift
 fi
 # A container wraps the command alone: this shell, which requeues, stays outside.
+# shellcheck disable=SC2154  # signal_args: rendered only for a signal not caught by default
 command=("${launch_prefix[@]}" "$python" "${entry[@]}" "${train_args[@]}" "$@"
          "${signal_args[@]}")
 if (( ${#launch_prefix[@]} )) && ! command -v "${launch_prefix[0]}" > /dev/null; then
@@ -107,6 +64,7 @@ srun_pid=
 trap 'log "batch shell got TERM; the ranks get it from Slurm"' TERM
 trap 'log "batch shell got USR1; passing it to the ranks"; pass USR1' USR1
 trap 'log "batch shell got USR2; passing it to the ranks"; pass USR2' USR2
+# shellcheck disable=SC2329  # called by the USR1 and USR2 traps
 pass() { [[ -z "$srun_pid" ]] || kill -"$1" "$srun_pid" 2>/dev/null || true; }
 srun "${srun_args[@]}" "${command[@]}" &
 srun_pid=$!
@@ -116,10 +74,10 @@ while kill -0 "$srun_pid" 2>/dev/null; do sleep 0.5 || true; done
 wait "$srun_pid" && status=0 || status=$?
 log "ranks finished with exit status $status"
 
-# @EXIT_REQUEUE@: the ranks stopped at a checkpoint and want a requeue they could not
+# __EXIT_REQUEUE__: the ranks stopped at a checkpoint and want a requeue they could not
 # make (no scontrol inside a container, say). Requeue this job (this array task alone)
 # unless its user is cancelling it; else fail: the training is unfinished.
-if (( status == @EXIT_REQUEUE@ )); then
+if (( status == __EXIT_REQUEUE__ )); then
   job="${SLURM_JOB_ID:-?}"
   [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
   shown="$(scontrol show job -o "$job" 2>&1)" || shown=""
