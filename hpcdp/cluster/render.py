@@ -9,7 +9,10 @@ every value shell-quoted, which keeps golden-file tests readable.
 
 `slurm/train.sbatch` is `render()` with the defaults and `slurm/prep.sbatch` is
 `render_prep()`, the two sharing one prologue (unit tests keep the files equal to
-the renderings); the launch section adapts to whatever `sbatch` options it is given.
+the renderings). The shell text is the package's templates/*.sh, which shellcheck
+lints; render writes only the lines that depend on the options before it. The launch
+adapts to whatever `sbatch` options the job is given: in the job, the batch shell asks
+hpcdp.cluster.layout for the ranks, their spread over the nodes and their CPUs.
 """
 
 from __future__ import annotations
