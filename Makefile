@@ -82,8 +82,12 @@ test-torch-floor:
 	PATH=$(abspath $(TORCH_FLOOR_VENV))/bin:$$PATH $(TORCH_FLOOR_VENV)/bin/python -m pytest \
 	  -ra -m "not extended" -n $(PYTEST_WORKERS) $(PYTEST_ARGS) $(TORCH_FLOOR_TESTS)
 
+# shellcheck reads the batch scripts' templates each alone (the variables one part sets
+# and another reads are the renderer's to join), then joined: slurm/*.sbatch, their rendering.
 lint:
 	$(VENV)/bin/ruff check hpcdp tests datasets slurm examples scripts
+	$(VENV)/bin/shellcheck --shell=bash --exclude=SC2034,SC2154 hpcdp/cluster/templates/*.sh
+	$(VENV)/bin/shellcheck slurm/train.sbatch slurm/prep.sbatch
 
 ## Prepare the bundled digits data with 2 ranks and train on it with horovodrun -np 2.
 demo: setup

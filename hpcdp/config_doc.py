@@ -1,6 +1,6 @@
 """The config reference (docs/config.md), generated from the config dataclasses.
 
-Each key's text is the comment on its line in hpcdp/config.py, or in the task's
+Each key's text is the comment on its line in hpcdp/config/schema.py, or in the task's
 module for a task's own section (hpcdp/tasks/<name>.py), or the comment lines
 right above it, so the reference cannot drift from the code: a test regenerates
 it and compares. `python -m hpcdp.config_doc > docs/config.md` rewrites it.
@@ -23,7 +23,7 @@ from hpcdp import tasks
 HEADER = """\
 # Config reference
 
-Generated from `hpcdp/config.py` and the tasks (`hpcdp/tasks/<name>.py`) by
+Generated from `hpcdp/config/schema.py` and the tasks (`hpcdp/tasks/<name>.py`) by
 `python -m hpcdp.config_doc` (a test checks that this file is current). A
 config is a TOML file with these sections; any key can be overridden on the
 command line as `section.key=value`. Precedence: command line, then the file,

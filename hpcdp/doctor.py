@@ -6,7 +6,7 @@ commands and the `srun --mpi` plugin that fits the MPI library). Under a launche
 with several ranks it also gathers every rank's placement and checks that ranks,
 local ranks and sizes agree and that no two local ranks on a node share a GPU.
 Alone or under a launcher, it reports the compute threads and MPI yielding
-training will set on each node (hpcdp's rule, hpcdp.runtime.hvd_settings) and warns when
+training will set on each node (hpcdp's rule, hpcdp.runtime.thread_plan) and warns when
 threads x ranks outnumber the CPUs. It exits non-zero, naming each problem.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from hpcdp.cliargs import parse_args
 from hpcdp.data.prep import inflate
-from hpcdp.runtime import hvd_build, hvd_settings
+from hpcdp.runtime import hvd_build, hvd_settings, thread_plan
 from hpcdp.runtime.cpus import format_cpu_list
 from hpcdp.runtime.placement import (
     RankPlacement,
@@ -403,9 +403,9 @@ class RuntimeReport:
 
 
 def my_runtime(rank: int, host: str, environ: Mapping[str, str]) -> RuntimeReport:
-    """hvd_settings' plan for this process, as training would make it before hvd.init()."""
+    """thread_plan's plan for this process, as training would make it before hvd.init()."""
     try:
-        plan = hvd_settings.plan_runtime(hvd_settings.probe(), hvd_settings.local_ranks(environ),
+        plan = thread_plan.plan_runtime(thread_plan.probe(), thread_plan.local_ranks(environ),
                                          environ)
     except ValueError as exc:
         return RuntimeReport(rank, host, "", False, str(exc))

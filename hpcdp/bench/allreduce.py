@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,48 @@ def _rotated(items: Sequence[str], shift: int) -> list[str]:
     return list(items[k:]) + list(items[:k])
 
 
+@dataclass(frozen=True)
+class Measure:
+    """What every rank measures: the sizes, the columns, on which device, how often."""
+
+    sizes: list[int]
+    columns: list[str]
+    device: str
+    with_mpi: bool  # raw mpi4py columns: MPI ranks and host memory
+    iters: int  # ops per timed block; 0: about `budget` bytes (iters_for)
+    budget: int
+    warmup: int
+    repeats: int
+
+    def iters_of(self, nbytes: int) -> int:
+        return self.iters or iters_for(nbytes, self.budget)
+
+
+def measure_of(args: argparse.Namespace, cuda_available: bool) -> Measure:
+    """The worker's arguments as a Measure (the parent checked them)."""
+    sizes = [int(s) for s in args.sizes.split(",")]
+    budget = common.parse_size(args.budget)
+    device = resolve_device(args.device, cuda_available)
+    # Raw MPI needs MPI ranks, and host memory (CUDA-aware MPI is not assumed).
+    with_mpi = args.mpi and device == "cpu"
+    columns = [c for c in args.columns.split(",") if with_mpi or c not in MPI_ONLY]
+    return Measure(sizes, columns, device, with_mpi, args.iters, budget, args.warmup,
+                   args.repeats)
+
+
+def _buffers(nbytes: int, device: str) -> tuple[Any, Any, Any]:
+    """(ones, empty, zeros): float32 buffers of `nbytes` on `device`."""
+    import torch  # in the ranks only: the parent that launches them stays torch-free
+
+    n = nbytes // 4
+    return (torch.ones(n, device=device), torch.empty(n, device=device),
+            torch.zeros(n, device=device))
+
+
+def _no_sync() -> None:
+    return None
+
+
 def _worker(args: argparse.Namespace) -> int:
     """One rank: measure every column at every size, then rank 0 writes the JSON.
 
@@ -145,43 +188,17 @@ def _worker(args: argparse.Namespace) -> int:
     """
     import torch
 
-    sizes = [int(s) for s in args.sizes.split(",")]
-    budget = common.parse_size(args.budget)
-    device = resolve_device(args.device, torch.cuda.is_available())
-    # Raw MPI needs MPI ranks, and host memory (CUDA-aware MPI is not assumed).
-    with_mpi = args.mpi and device == "cpu"
-    columns = [c for c in args.columns.split(",") if with_mpi or c not in MPI_ONLY]
-    fence = torch.cuda.synchronize if device == "cuda" else None
-    live_cols = [c for c in columns if c != "mpi_solo"]
+    m = measure_of(args, torch.cuda.is_available())
+    fence = torch.cuda.synchronize if m.device == "cuda" else None
     comm = mpi = None
-    times: dict[int, dict[str, list[float]]] = {n: {c: [] for c in columns} for n in sizes}
-
-    def iters_of(nbytes: int) -> int:
-        return args.iters or iters_for(nbytes, budget)
-
-    def buffers(nbytes: int) -> tuple[Any, Any, Any]:
-        n = nbytes // 4
-        return (torch.ones(n, device=device), torch.empty(n, device=device),
-                torch.zeros(n, device=device))
-
-    def no_sync() -> None:
-        return None
-
-    if with_mpi:
+    times: dict[int, dict[str, list[float]]] = {n: {c: [] for c in m.columns} for n in m.sizes}
+    if m.with_mpi:
         from mpi4py import MPI  # initializes MPI with MPI_THREAD_MULTIPLE, as Horovod asks
 
         mpi, comm = MPI, MPI.COMM_WORLD
-        if "mpi_solo" in columns:
-            for nbytes in sizes:
-                src, dst, _ = buffers(nbytes)
-                s_np, d_np = src.numpy(), dst.numpy()
-                for rnd in range(args.warmup + args.repeats):
-                    secs = _time_op(lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=MPI.SUM),
-                                    iters_of(nbytes), comm.Barrier)
-                    if rnd >= args.warmup:
-                        times[nbytes]["mpi_solo"].append(secs)
-                del src, dst, s_np, d_np
-    compute = {"solo": _compute_rounds(args.compute_rounds, comm.Barrier if comm else no_sync)}
+        if "mpi_solo" in m.columns:
+            _mpi_solo_rounds(m, mpi, times)
+    compute = {"solo": _compute_rounds(args.compute_rounds, comm.Barrier if comm else _no_sync)}
 
     # Horovod in the ranks only: the parent that launches them must start fast.
     import horovod.torch as hvd
@@ -190,11 +207,11 @@ def _worker(args: argparse.Namespace) -> int:
 
     # Started as training starts it: the fusion threshold from the environment, else
     # hpcdp's rule for this device and controller.
-    dist.init(HorovodConfig(), Path("."), on_gpu=device == "cuda")
-    if device == "cuda":
+    dist.init(HorovodConfig(), Path("."), on_gpu=m.device == "cuda")
+    if m.device == "cuda":
         torch.cuda.set_device(hvd.local_rank())
     hvd.barrier()
-    compute["beside_hvd"] = _compute_rounds(args.compute_rounds, no_sync)
+    compute["beside_hvd"] = _compute_rounds(args.compute_rounds, _no_sync)
 
     def sync() -> None:
         if comm is not None:
@@ -202,51 +219,82 @@ def _worker(args: argparse.Namespace) -> int:
         else:
             hvd.barrier()
 
-    for nbytes in sizes:
-        n = nbytes // 4
-        src, dst, buf = buffers(nbytes)
-        ops: dict[str, Callable[[], object]] = {
-            "memcpy": lambda dst=dst, src=src: dst.copy_(src),
-            "alloc": lambda n=n: torch.empty(n, device=device).fill_(0.0),
-            "hvd": lambda src=src, k=nbytes: hvd.allreduce(src, op=hvd.Sum, name=f"ar.{k}"),
-            "hvd_": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, op=hvd.Sum, name=f"ar_.{k}"),
-            "hvd_avg": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, name=f"avg_.{k}"),
-        }
-        if comm is not None:
-            s_np, d_np, b_np = src.numpy(), dst.numpy(), buf.numpy()
-            ops["mpi"] = lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=mpi.SUM)
-            ops["mpi_"] = lambda b=b_np: comm.Allreduce(mpi.IN_PLACE, b, op=mpi.SUM)
-            ops["mpi_new"] = lambda s=s_np, n=n: comm.Allreduce(s, torch.empty(n).numpy(),
-                                                                op=mpi.SUM)
-        for rnd in range(args.warmup + args.repeats):
+    live_cols = [c for c in m.columns if c != "mpi_solo"]
+    for nbytes in m.sizes:
+        ops = _ops(nbytes, m.device, hvd, mpi)
+        for rnd in range(m.warmup + m.repeats):
             for col in _rotated(live_cols, rnd):
-                secs = _time_op(ops[col], iters_of(nbytes), sync, fence)
-                if rnd >= args.warmup:
+                secs = _time_op(ops[col], m.iters_of(nbytes), sync, fence)
+                if rnd >= m.warmup:
                     times[nbytes][col].append(secs)
-        del src, dst, buf, ops
+        del ops  # the buffers go with the operations that hold them
+    _gather_and_write(args.json, m, times, compute, hvd)
+    hvd.shutdown()
+    return 0
 
+
+def _mpi_solo_rounds(m: Measure, mpi: Any, times: dict[int, dict[str, list[float]]]) -> None:
+    """The `mpi_solo` column at every size, before Horovod starts."""
+    comm = mpi.COMM_WORLD
+    for nbytes in m.sizes:
+        src, dst, _ = _buffers(nbytes, m.device)
+        s_np, d_np = src.numpy(), dst.numpy()
+        for rnd in range(m.warmup + m.repeats):
+            secs = _time_op(lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=mpi.SUM),
+                            m.iters_of(nbytes), comm.Barrier)
+            if rnd >= m.warmup:
+                times[nbytes]["mpi_solo"].append(secs)
+        del src, dst, s_np, d_np
+
+
+def _ops(nbytes: int, device: str, hvd: Any, mpi: Any | None) -> dict[str, Callable[[], object]]:
+    """Every column's operation on buffers of `nbytes` of its own (the calls hold them);
+    the raw MPI ones only with `mpi` (mpi4py's MPI), on the same buffers' memory."""
+    import torch  # in the ranks only, as above
+
+    n = nbytes // 4
+    src, dst, buf = _buffers(nbytes, device)
+    ops: dict[str, Callable[[], object]] = {
+        "memcpy": lambda dst=dst, src=src: dst.copy_(src),
+        "alloc": lambda n=n: torch.empty(n, device=device).fill_(0.0),
+        "hvd": lambda src=src, k=nbytes: hvd.allreduce(src, op=hvd.Sum, name=f"ar.{k}"),
+        "hvd_": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, op=hvd.Sum, name=f"ar_.{k}"),
+        "hvd_avg": lambda buf=buf, k=nbytes: hvd.allreduce_(buf, name=f"avg_.{k}"),
+    }
+    if mpi is not None:
+        comm = mpi.COMM_WORLD
+        s_np, d_np, b_np = src.numpy(), dst.numpy(), buf.numpy()
+        ops["mpi"] = lambda s=s_np, d=d_np: comm.Allreduce(s, d, op=mpi.SUM)
+        ops["mpi_"] = lambda b=b_np: comm.Allreduce(mpi.IN_PLACE, b, op=mpi.SUM)
+        ops["mpi_new"] = lambda s=s_np, n=n: comm.Allreduce(s, torch.empty(n).numpy(),
+                                                            op=mpi.SUM)
+    return ops
+
+
+def _gather_and_write(json_path: str, m: Measure, times: dict[int, dict[str, list[float]]],
+                      compute: dict[str, list[float]], hvd: Any) -> None:
+    """Every rank's times gathered (collectives: every rank calls this); rank 0 writes
+    the slowest rank's per round, with each rank's compute probe."""
     gathered = hvd.allgather_object(times)
     rows: list[dict[str, Any]] = []
-    for nbytes in sizes:
-        for col in (c for c in COLUMNS if c in columns):
-            worst = _worst([g[nbytes] for g in gathered], col, args.repeats)
-            rows.append({"column": col, "bytes": nbytes, "iters": iters_of(nbytes),
+    for nbytes in m.sizes:
+        for col in (c for c in COLUMNS if c in m.columns):
+            worst = _worst([g[nbytes] for g in gathered], col, m.repeats)
+            rows.append({"column": col, "bytes": nbytes, "iters": m.iters_of(nbytes),
                          "seconds": worst})
     computes = hvd.allgather_object(compute)
-    columns = [c for c in COLUMNS if c in columns]
+    columns = [c for c in COLUMNS if c in m.columns]
     if hvd.rank() == 0:
-        common.write_json(args.json, {
+        common.write_json(json_path, {
             "np": hvd.size(),
-            "device": device,
+            "device": m.device,
             "fusion_threshold": int(os.environ["HOROVOD_FUSION_THRESHOLD"]),
             "columns": columns,
-            "mpi_threads_supported": bool(hvd.mpi_threads_supported()) if with_mpi else None,
+            "mpi_threads_supported": bool(hvd.mpi_threads_supported()) if m.with_mpi else None,
             "rows": rows,
             # Per rank: seconds per compute round before hvd.init() and beside idle Horovod.
             "compute": computes,
         })
-    hvd.shutdown()
-    return 0
 
 
 # --------------------------------------------------------------------------- report
@@ -438,41 +486,41 @@ def _configs(args: argparse.Namespace) -> list[RunConfig]:
     return chosen
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    if args.worker:
-        return _worker(args)
-    try:
-        sizes = common.parse_sizes(args.sizes)
-        budget = common.parse_size(args.budget)
-        configs = _configs(args)
-        columns = [c.strip() for c in args.columns.split(",") if c.strip()]
-        unknown = sorted(set(columns) - set(COLUMNS))
-        if unknown:
-            raise ValueError(f"unknown columns {unknown}; choose from {', '.join(COLUMNS)}")
-        if args.np < 2:
-            raise ValueError("--np must be at least 2 for an all-reduce benchmark")
-        if min(args.repeats, args.compute_rounds, args.warmup + 1, args.iters + 1) < 1:
-            raise ValueError("--repeats and --compute-rounds must be positive; "
-                             "--warmup and --iters not negative")
-        bad = [s for s in sizes if s % 4]
-        if bad:
-            raise ValueError(f"sizes must be whole float32 buffers (multiples of 4 B): {bad}")
-    except ValueError as err:
-        print(f"hpcdp bench allreduce: {err}", file=sys.stderr)
-        return 2
+def _checked(args: argparse.Namespace) -> tuple[list[int], int, list[RunConfig], list[str]]:
+    """(sizes, budget, configurations, columns) from the options; ValueError naming a bad one."""
+    sizes = common.parse_sizes(args.sizes)
+    budget = common.parse_size(args.budget)
+    configs = _configs(args)
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+    unknown = sorted(set(columns) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"unknown columns {unknown}; choose from {', '.join(COLUMNS)}")
+    if args.np < 2:
+        raise ValueError("--np must be at least 2 for an all-reduce benchmark")
+    if min(args.repeats, args.compute_rounds, args.warmup + 1, args.iters + 1) < 1:
+        raise ValueError("--repeats and --compute-rounds must be positive; "
+                         "--warmup and --iters not negative")
+    bad = [s for s in sizes if s % 4]
+    if bad:
+        raise ValueError(f"sizes must be whole float32 buffers (multiples of 4 B): {bad}")
+    return sizes, budget, configs, columns
 
-    out = Path(args.out)
-    rows: list[dict[str, Any]] = []
-    idle: dict[str, dict[str, float] | None] = {}
-    devices: dict[str, str] = {}
-    fusion: dict[str, int | None] = {}
-    worker_args = [
-        "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
-        "--budget", str(budget), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-        "--columns", ",".join(columns), "--compute-rounds", str(args.compute_rounds),
-        "--device", args.device,
-    ]
+
+@dataclass
+class Launches:
+    """What the configurations' launches gave: summarized rows, and per configuration its
+    idle cost, device and fusion threshold."""
+
+    rows: list[dict[str, Any]]
+    idle: dict[str, dict[str, float] | None]
+    devices: dict[str, str]
+    fusion: dict[str, int | None]
+
+
+def _launch_all(args: argparse.Namespace, configs: list[RunConfig],
+                worker_args: list[str]) -> Launches | None:
+    """Each configuration launched in turn; None, once said why, when a launch fails."""
+    done = Launches([], {}, {}, {})
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
         for config in configs:
             print(f"[{config.name}] {config.launcher}, {args.np} ranks, "
@@ -484,26 +532,51 @@ def main(argv: list[str] | None = None) -> int:
                                         timeout=args.timeout)
             except (common.BenchError, FileNotFoundError, ValueError) as err:
                 print(f"hpcdp bench allreduce: {err}", file=sys.stderr)
-                return 1
-            rows += summarize(config, raw)
-            idle[config.name] = idle_cost(raw)
-            devices[config.name] = raw.get("device", "cpu")
-            fusion[config.name] = raw.get("fusion_threshold")
+                return None
+            done.rows += summarize(config, raw)
+            done.idle[config.name] = idle_cost(raw)
+            done.devices[config.name] = raw.get("device", "cpu")
+            done.fusion[config.name] = raw.get("fusion_threshold")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    if args.worker:
+        return _worker(args)
+    try:
+        sizes, budget, configs, columns = _checked(args)
+    except ValueError as err:
+        print(f"hpcdp bench allreduce: {err}", file=sys.stderr)
+        return 2
+
+    out = Path(args.out)
+    worker_args = [
+        "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
+        "--budget", str(budget), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+        "--columns", ",".join(columns), "--compute-rounds", str(args.compute_rounds),
+        "--device", args.device,
+    ]
+    launches = _launch_all(args, configs, worker_args)
+    if launches is None:
+        return 1
+    rows = launches.rows
     mpi_configs = list(dict.fromkeys(r["config"] for r in rows if r["column"] == "mpi"))
     reference = "mpi-hpcdp" if "mpi-hpcdp" in mpi_configs else next(iter(mpi_configs), None)
     add_ratios(rows, reference)
-    print(tables(rows, args.np, idle))
+    print(tables(rows, args.np, launches.idle))
     payload = {
         "benchmark": "allreduce",
         "np": args.np,
         "params": {"sizes": sizes, "iters": args.iters, "budget": budget,
                    "repeats": args.repeats, "warmup": args.warmup, "columns": columns},
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env),
-                             "device": devices.get(c.name),
-                             "fusion_threshold": fusion.get(c.name)} for c in configs},
+                             "device": launches.devices.get(c.name),
+                             "fusion_threshold": launches.fusion.get(c.name)}
+                    for c in configs},
         "reference_mpi_config": reference,
         "rows": rows,
-        "idle_compute": idle,
+        "idle_compute": launches.idle,
     }
     json_path = common.write_json(out / f"{args.name}.json", payload)
     print(f"\nwrote {json_path}")

@@ -24,7 +24,7 @@ from typing import Any
 
 from hpcdp.bench import TARGET_VS_CEILING, common
 from hpcdp.bench.processes import run_together
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import hvd_settings, thread_plan
 from hpcdp.runtime.cpus import CpuView, probe
 from hpcdp.runtime.launcher import LAUNCHERS, SETTINGS_VARS, run_ranks
 
@@ -104,8 +104,8 @@ def ceiling_env(np: int, base: Mapping[str, str]) -> dict[str, str]:
 def ceiling_cpus(np: int, view: CpuView) -> list[frozenset[int] | None]:
     """Each independent process's CPUs: the share hpcdp's rule pins local rank i of `np`
     to within this process's mask (pure; None where the rule leaves the mask)."""
-    threads = hvd_settings.plan_runtime(view, np, {}).threads
-    return [hvd_settings.cpu_share(view, np, i, {}, threads) for i in range(np)]
+    threads = thread_plan.plan_runtime(view, np, {}).threads
+    return [thread_plan.cpu_share(view, np, i, {}, threads) for i in range(np)]
 
 
 def run_config(config: str, argv_for: Callable[[Path], list[str]], run_dir: Path,

@@ -24,7 +24,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,6 @@ def _worker(args: argparse.Namespace) -> int:
     import torch
 
     from hpcdp.runtime import dist
-    from hpcdp.runtime.grad_buckets import bucketed
 
     device = resolve_device(args.device, torch.cuda.is_available())
 
@@ -95,26 +95,9 @@ def _worker(args: argparse.Namespace) -> int:
             torch.mm(a, b)
 
     if args.bucket_bytes:
-        # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
-        params = [torch.nn.Parameter(torch.zeros(n, device=device)) for _ in tensors]
-        opt = bucketed(torch.optim.SGD(params, lr=0.0), args.bucket_bytes)
-        for t in tensors:
-            t.fill_(hvd.rank() + 1)
-
-        def one_round() -> None:
-            for p, grad in zip(reversed(params), tensors, strict=True):  # backward's order
-                backward_work()
-                p.grad = grad
-                opt.grad_ready(p)
-            opt.synchronize()
+        one_round, params = _bucket_round(hvd, tensors, args.bucket_bytes, backward_work)
     else:
-        def one_round() -> None:
-            handles = []
-            for i, t in enumerate(tensors):
-                backward_work()
-                handles.append(hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}"))
-            for handle in handles:
-                hvd.synchronize(handle)
+        one_round, params = _horovod_round(hvd, tensors, backward_work), []
 
     seconds: list[float] = []
     for rnd in range(args.warmup + args.repeats):
@@ -126,11 +109,7 @@ def _worker(args: argparse.Namespace) -> int:
         if rnd >= args.warmup:
             seconds.append(time.perf_counter() - start)
     if args.bucket_bytes:
-        mean = (hvd.size() + 1) / 2
-        wrong = [i for i, p in enumerate(params) if not torch.all(p.grad == mean)]
-        if wrong:
-            raise RuntimeError(f"gradient buckets: {len(wrong)} of {len(params)} gradients are "
-                               f"not the mean over ranks ({mean}), e.g. parameter {wrong[0]}")
+        _check_bucket_means(hvd, params)
     gathered = hvd.allgather_object(seconds)
     worst = [max(s[i] for s in gathered) for i in range(args.repeats)]
     if hvd.rank() == 0:
@@ -140,6 +119,56 @@ def _worker(args: argparse.Namespace) -> int:
                                       "bucket_bytes": args.bucket_bytes})
     hvd.shutdown()
     return 0
+
+
+def _horovod_round(hvd: Any, tensors: list[Any],
+                   backward_work: Callable[[], None]) -> Callable[[], None]:
+    """A round that hands each tensor to Horovod as backward makes it, then waits for all."""
+
+    def one_round() -> None:
+        handles = []
+        for i, t in enumerate(tensors):
+            backward_work()
+            handles.append(hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}"))
+        for handle in handles:
+            hvd.synchronize(handle)
+
+    return one_round
+
+
+def _bucket_round(hvd: Any, tensors: list[Any], bucket_bytes: int,
+                  backward_work: Callable[[], None]) -> tuple[Callable[[], None], list[Any]]:
+    """A round that hands each tensor to hpcdp's gradient buckets as a parameter's
+    gradient, then waits for the buckets; and those parameters, to check after."""
+    import torch  # in the ranks only: the parent that launches them stays torch-free
+
+    from hpcdp.runtime.grad_buckets import bucketed
+
+    # Each tensor is a parameter's gradient; the mean over ranks lands in its bucket.
+    params = [torch.nn.Parameter(torch.zeros_like(t)) for t in tensors]
+    opt = bucketed(torch.optim.SGD(params, lr=0.0), bucket_bytes)
+    for t in tensors:
+        t.fill_(hvd.rank() + 1)
+
+    def one_round() -> None:
+        for p, grad in zip(reversed(params), tensors, strict=True):  # backward's order
+            backward_work()
+            p.grad = grad
+            opt.grad_ready(p)
+        opt.synchronize()
+
+    return one_round, params
+
+
+def _check_bucket_means(hvd: Any, params: list[Any]) -> None:
+    """Every gradient the buckets reduced is the mean of the ranks' (rank + 1)."""
+    import torch  # in the ranks only, as above
+
+    mean = (hvd.size() + 1) / 2
+    wrong = [i for i, p in enumerate(params) if not torch.all(p.grad == mean)]
+    if wrong:
+        raise RuntimeError(f"gradient buckets: {len(wrong)} of {len(params)} gradients are "
+                           f"not the mean over ranks ({mean}), e.g. parameter {wrong[0]}")
 
 
 def summarize(
@@ -214,36 +243,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    if args.worker:
-        return _worker(args)
-    try:
-        tensor_bytes = common.parse_size(args.tensor_size)
-        if tensor_bytes % 4:
-            raise ValueError(f"--tensor-size {args.tensor_size} is not whole float32 elements")
-        if args.np < 2 or args.tensors < 1 or args.repeats < 1 or args.pairs < 1:
-            raise ValueError("--np must be >= 2 and --tensors, --repeats, --pairs positive")
-        if args.warmup < 0 or args.compute_between < 0:
-            raise ValueError("--warmup and --compute-between must not be negative")
-        builtin = builtin_configs(args.launcher, other=not args.one_controller, np=args.np)
-        configs = list(builtin.values())
-        configs += [common.parse_config(spec, builtin) for spec in args.config]
-        names = [c.name for c in configs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"configuration names must be unique: {names}")
-    except ValueError as err:
-        print(f"hpcdp bench fusion: {err}", file=sys.stderr)
-        return 2
+def _checked(args: argparse.Namespace) -> tuple[int, list[RunConfig]]:
+    """(bytes per tensor, the configurations) from the options; ValueError naming a bad one."""
+    tensor_bytes = common.parse_size(args.tensor_size)
+    if tensor_bytes % 4:
+        raise ValueError(f"--tensor-size {args.tensor_size} is not whole float32 elements")
+    if args.np < 2 or args.tensors < 1 or args.repeats < 1 or args.pairs < 1:
+        raise ValueError("--np must be >= 2 and --tensors, --repeats, --pairs positive")
+    if args.warmup < 0 or args.compute_between < 0:
+        raise ValueError("--warmup and --compute-between must not be negative")
+    builtin = builtin_configs(args.launcher, other=not args.one_controller, np=args.np)
+    configs = list(builtin.values())
+    configs += [common.parse_config(spec, builtin) for spec in args.config]
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"configuration names must be unique: {names}")
+    return tensor_bytes, configs
 
-    worker_args = ["--tensors", str(args.tensors), "--tensor-bytes", str(tensor_bytes),
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                   "--device", args.device, "--compute-between", str(args.compute_between)]
-    results: dict[str, list[float]] = {c.name: [] for c in configs}
-    launches: dict[str, list[list[float]]] = {c.name: [] for c in configs}
-    thresholds: dict[str, int] = {}
-    bucket_bytes: dict[str, int] = {}
-    device = "cpu"
+
+@dataclass
+class Launches:
+    """What the launches gave, per configuration: every round, each launch's rounds, the
+    fusion threshold and bucket size its ranks ran with; and the device."""
+
+    results: dict[str, list[float]]
+    launches: dict[str, list[list[float]]]
+    thresholds: dict[str, int] = field(default_factory=dict)
+    bucket_bytes: dict[str, int] = field(default_factory=dict)
+    device: str = "cpu"
+
+
+def _launch_pairs(args: argparse.Namespace, configs: list[RunConfig],
+                  worker_args: list[str]) -> Launches | None:
+    """Every configuration launched --pairs times, alternating; None, once said why,
+    when a launch fails."""
+    done = Launches({c.name: [] for c in configs}, {c.name: [] for c in configs})
     with tempfile.TemporaryDirectory(prefix="hpcdp-bench-") as tmp:
         for pair in range(args.pairs):
             for config in configs:
@@ -253,68 +287,119 @@ def main(argv: list[str] | None = None) -> int:
                                             np=args.np, timeout=args.timeout)
                 except (common.BenchError, FileNotFoundError, ValueError) as err:
                     print(f"hpcdp bench fusion: {err}", file=sys.stderr)
-                    return 1
-                results[config.name] += raw["seconds"]
-                launches[config.name].append(list(raw["seconds"]))
-                thresholds[config.name] = raw["fusion_threshold"]
-                bucket_bytes[config.name] = raw.get("bucket_bytes", 0)
-                device = raw.get("device", "cpu")
-    summary = summarize(results, args.tensors, tensor_bytes)
-    runs = (args.launcher, OTHER_CONTROLLER[args.launcher])
-    names = {run: config_names(run) for run in runs}
-    gains = {run: speedup(summary, off, on) for run, (off, on, _) in names.items()}
-    bucket_gains = {run: speedup(summary, off, bk) for run, (off, _, bk) in names.items()}
-    gain = gains[args.launcher]
-    other_gain = gains[OTHER_CONTROLLER[args.launcher]]
-    rows = [[name, fused_by(thresholds[name], bucket_bytes[name]),
+                    return None
+                done.results[config.name] += raw["seconds"]
+                done.launches[config.name].append(list(raw["seconds"]))
+                done.thresholds[config.name] = raw["fusion_threshold"]
+                done.bucket_bytes[config.name] = raw.get("bucket_bytes", 0)
+                done.device = raw.get("device", "cpu")
+    return done
+
+
+@dataclass
+class Speedups:
+    """Per controller (its launcher): fusion off over on, off over hpcdp's buckets, each
+    overall (None where a side did not run) and launch pair by launch pair."""
+
+    fusion: dict[str, float | None]
+    buckets: dict[str, float | None]
+    fusion_pairs: dict[str, list[float]]
+    bucket_pairs: dict[str, list[float]]
+
+
+def speedups_of(summary: Mapping[str, Mapping[str, Any]],
+                launches: Mapping[str, Sequence[Sequence[float]]], launcher: str) -> Speedups:
+    names = {run: config_names(run) for run in (launcher, OTHER_CONTROLLER[launcher])}
+    return Speedups(
+        {run: speedup(summary, off, on) for run, (off, on, _) in names.items()},
+        {run: speedup(summary, off, bk) for run, (off, _, bk) in names.items()},
+        {run: pair_speedups(launches, off, on) for run, (off, on, _) in names.items()},
+        {run: pair_speedups(launches, off, bk) for run, (off, _, bk) in names.items()})
+
+
+def _print_results(args: argparse.Namespace, tensor_bytes: int, runs: Launches,
+                   summary: Mapping[str, Mapping[str, Any]], gains: Speedups) -> None:
+    rows = [[name, fused_by(runs.thresholds[name], runs.bucket_bytes[name]),
              s["seconds_median"] * 1e3, s["algbw_GBps"], len(s["seconds"])]
             for name, s in summary.items()]
     print(f"{args.tensors} tensors of {common.format_size(tensor_bytes)} handed over one by one, "
-          f"then waited for, {args.np} ranks, {device}; 'gloo-' rows under horovodrun --gloo, the "
-          "others under the MPI controller; median of the rounds")
+          f"then waited for, {args.np} ranks, {runs.device}; 'gloo-' rows under horovodrun "
+          "--gloo, the others under the MPI controller; median of the rounds")
     print(common.format_table(["config", "fused by", "ms/round", "algbw GB/s", "rounds"], rows))
-    per_pair = {run: pair_speedups(launches, off, on) for run, (off, on, _) in names.items()}
-    bucket_pairs = {run: pair_speedups(launches, off, bk) for run, (off, _, bk) in names.items()}
-    for label, speedups, spreads in (("fusion speedup (off / on)", gains, per_pair),
-                                     ("gradient buckets speedup (off / buckets)", bucket_gains,
-                                      bucket_pairs)):
+    for label, speedups, spreads in (("fusion speedup (off / on)", gains.fusion,
+                                      gains.fusion_pairs),
+                                     ("gradient buckets speedup (off / buckets)", gains.buckets,
+                                      gains.bucket_pairs)):
         for run, g in speedups.items():
             if g is not None:
                 spread = spreads[run]
                 print(f"{label}, {run}: {g:.2f}x"
                       + (f" (launch pairs: {min(spread):.2f}-{max(spread):.2f}x)"
                          if len(spread) > 1 else ""))
-    out = Path(args.out)
-    payload = {
+
+
+def _payload(args: argparse.Namespace, tensor_bytes: int, configs: list[RunConfig],
+             runs: Launches, summary: dict[str, dict[str, Any]],
+             gains: Speedups) -> dict[str, Any]:
+    other_gain = gains.fusion[OTHER_CONTROLLER[args.launcher]]
+    return {
         "benchmark": "fusion",
         "np": args.np,
-        "device": device,
+        "device": runs.device,
         "params": {"tensors": args.tensors, "tensor_bytes": tensor_bytes, "launcher": args.launcher,
                    "compute_between": args.compute_between,
                    "repeats": args.repeats, "warmup": args.warmup, "pairs": args.pairs},
         "configs": {c.name: {"launcher": c.launcher, "env": dict(c.env),
-                             "fusion_threshold": thresholds[c.name],
-                             "bucket_bytes": bucket_bytes[c.name]} for c in configs},
+                             "fusion_threshold": runs.thresholds[c.name],
+                             "bucket_bytes": runs.bucket_bytes[c.name]} for c in configs},
         "results": summary,
-        "speedup": gain,
+        "speedup": gains.fusion[args.launcher],
         "speedup_other": other_gain,
-        "speedup_per_pair": {run: v for run, v in per_pair.items() if v},
+        "speedup_per_pair": {run: v for run, v in gains.fusion_pairs.items() if v},
         # hpcdp's gradient buckets (what CPU training uses) against fusion off.
-        "speedup_buckets": {run: g for run, g in bucket_gains.items() if g is not None},
-        "speedup_buckets_per_pair": {run: v for run, v in bucket_pairs.items() if v},
+        "speedup_buckets": {run: g for run, g in gains.buckets.items() if g is not None},
+        "speedup_buckets_per_pair": {run: v for run, v in gains.bucket_pairs.items() if v},
         "other_launcher": OTHER_CONTROLLER[args.launcher] if other_gain is not None else None,
     }
+
+
+def _plot(path: Path, args: argparse.Namespace, tensor_bytes: int,
+          summary: Mapping[str, Mapping[str, Any]], gains: Speedups) -> Path:
+    medians = {k: v["seconds_median"] * 1e3 for k, v in summary.items()}
+    points = {k: [t * 1e3 for t in v["seconds"]] for k, v in summary.items()}
+    title = f"{args.tensors} x {common.format_size(tensor_bytes)} async all-reduce"
+    gain, bucket_gain = gains.fusion[args.launcher], gains.buckets[args.launcher]
+    if gain is not None:
+        title += f": fusion {gain:.1f}x faster"
+    if bucket_gain is not None:
+        title += f", buckets {bucket_gain:.1f}x"
+    return common.plot_bars(path, medians, "ms per round", title, points)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    if args.worker:
+        return _worker(args)
+    try:
+        tensor_bytes, configs = _checked(args)
+    except ValueError as err:
+        print(f"hpcdp bench fusion: {err}", file=sys.stderr)
+        return 2
+
+    worker_args = ["--tensors", str(args.tensors), "--tensor-bytes", str(tensor_bytes),
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                   "--device", args.device, "--compute-between", str(args.compute_between)]
+    runs = _launch_pairs(args, configs, worker_args)
+    if runs is None:
+        return 1
+    summary = summarize(runs.results, args.tensors, tensor_bytes)
+    gains = speedups_of(summary, runs.launches, args.launcher)
+    _print_results(args, tensor_bytes, runs, summary, gains)
+    out = Path(args.out)
+    payload = _payload(args, tensor_bytes, configs, runs, summary, gains)
     print(f"wrote {common.write_json(out / f'{args.name}.json', payload)}")
     if not args.no_plot:
-        medians = {k: v["seconds_median"] * 1e3 for k, v in summary.items()}
-        points = {k: [t * 1e3 for t in v["seconds"]] for k, v in summary.items()}
-        title = f"{args.tensors} x {common.format_size(tensor_bytes)} async all-reduce"
-        if gain is not None:
-            title += f": fusion {gain:.1f}x faster"
-        if bucket_gains[args.launcher] is not None:
-            title += f", buckets {bucket_gains[args.launcher]:.1f}x"
-        png = common.plot_bars(out / f"{args.name}.png", medians, "ms per round", title, points)
-        print(f"wrote {png}")
+        print(f"wrote {_plot(out / f'{args.name}.png', args, tensor_bytes, summary, gains)}")
     return 0
 
 

@@ -195,7 +195,7 @@ def summarize(rounds: list[dict[str, Any]], dataset_bytes: int) -> dict[str, Any
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcdp bench reader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--file", help="an existing samples-first HDF5 file (default: make one)")
@@ -211,52 +211,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results/reader.json",
                    help="JSON file, or a folder to write reader.json into")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    args = parse_args(p, argv)
+    return p
 
-    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-reader-") as tmp:
-        path = args.file
-        if path is None:
-            # A process of its own: preparation applies hpcdp's runtime settings to its
-            # environment, which must not reach the benchmarks this process runs next.
-            done = subprocess.run([sys.executable, "-m", "hpcdp.data.prep.cli", "synthetic",
-                                   "--samples", str(args.samples), "--shape", args.shape,
-                                   "--out", tmp], env=common.pythonpath_env())
-            if done.returncode:
-                return done.returncode
-            path = str(Path(tmp) / "train.h5")
-        import h5py
 
-        with h5py.File(path, "r") as f:
-            d = f[args.x_name]
-            dataset_bytes = d.size * d.dtype.itemsize
-            chunk_rows = d.chunks[0] if d.chunks else None
-        _raw_pass(path, args.x_name)  # warm the page cache
-        # torch and h5py only once a file exists: --help and bad arguments answer at once.
-        import psutil
+def _measure(args: argparse.Namespace, path: str) -> tuple[list[dict[str, Any]], int, int | None]:
+    """(the rounds, the file's sample bytes, its chunk rows): raw, reader, baseline and
+    memory, round by round, on the file at `path`."""
+    import h5py
 
-        from hpcdp.data.read.samples import ShardedReader
+    with h5py.File(path, "r") as f:
+        d = f[args.x_name]
+        dataset_bytes = d.size * d.dtype.itemsize
+        chunk_rows = d.chunks[0] if d.chunks else None
+    _raw_pass(path, args.x_name)  # warm the page cache
+    # torch and h5py only once a file exists: --help and bad arguments answer at once.
+    import psutil
 
-        before = _memory(psutil.Process())
-        reader = ShardedReader(path, batch_size=args.batch, seed=1, window_samples=args.window,
-                               x_name=args.x_name, y_name=args.y_name)
-        # As in training, the reader stays open from epoch to epoch: one untimed epoch
-        # first (the file opened, the window arrays allocated), then one per round.
-        _warm_up(reader)
-        rounds = []
-        for i in range(args.rounds):
-            n_raw, t_raw = _raw_pass(path, args.x_name)
-            n_reader, t_reader = _reader_pass(reader, 2 * i + 1)
-            n_base, t_base = _baseline_pass(path, args.batch, args.baseline_samples,
-                                            args.x_name, args.y_name)
-            mem = _memory_pass(reader, 2 * i + 2, before)
-            rounds.append({**mem, "samples": n_reader, "seconds": t_reader,
-                           "raw": n_raw / t_raw, "reader": n_reader / t_reader,
-                           "baseline": n_base / t_base})
-            print(f"round {i}: raw {rounds[-1]['raw']:.0f}/s  reader "
-                  f"{rounds[-1]['reader']:.0f}/s  baseline {rounds[-1]['baseline']:.0f}/s",
-                  flush=True)
-        reader.close()
-    summary = summarize(rounds, dataset_bytes)
+    from hpcdp.data.read.samples import ShardedReader
+
+    before = _memory(psutil.Process())
+    reader = ShardedReader(path, batch_size=args.batch, seed=1, window_samples=args.window,
+                           x_name=args.x_name, y_name=args.y_name)
+    # As in training, the reader stays open from epoch to epoch: one untimed epoch
+    # first (the file opened, the window arrays allocated), then one per round.
+    _warm_up(reader)
+    rounds = []
+    for i in range(args.rounds):
+        n_raw, t_raw = _raw_pass(path, args.x_name)
+        n_reader, t_reader = _reader_pass(reader, 2 * i + 1)
+        n_base, t_base = _baseline_pass(path, args.batch, args.baseline_samples,
+                                        args.x_name, args.y_name)
+        mem = _memory_pass(reader, 2 * i + 2, before)
+        rounds.append({**mem, "samples": n_reader, "seconds": t_reader,
+                       "raw": n_raw / t_raw, "reader": n_reader / t_reader,
+                       "baseline": n_base / t_base})
+        print(f"round {i}: raw {rounds[-1]['raw']:.0f}/s  reader "
+              f"{rounds[-1]['reader']:.0f}/s  baseline {rounds[-1]['baseline']:.0f}/s",
+              flush=True)
+    reader.close()
+    return rounds, dataset_bytes, chunk_rows
+
+
+def _print_summary(summary: dict[str, Any], dataset_bytes: int) -> None:
     med = summary["samples_per_s"]
     print()
     print(common.format_table(
@@ -274,6 +270,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{'gathered from the mapped file' if summary['mapped'] else 'read through HDF5'}")
     for name, ok in summary["checks"].items():
         print(f"  [{'ok' if ok else 'MISSED'}] {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    with tempfile.TemporaryDirectory(prefix="hpcdp-bench-reader-") as tmp:
+        path = args.file
+        if path is None:
+            # A process of its own: preparation applies hpcdp's runtime settings to its
+            # environment, which must not reach the benchmarks this process runs next.
+            done = subprocess.run([sys.executable, "-m", "hpcdp.data.prep.cli", "synthetic",
+                                   "--samples", str(args.samples), "--shape", args.shape,
+                                   "--out", tmp], env=common.pythonpath_env())
+            if done.returncode:
+                return done.returncode
+            path = str(Path(tmp) / "train.h5")
+        rounds, dataset_bytes, chunk_rows = _measure(args, path)
+    summary = summarize(rounds, dataset_bytes)
+    _print_summary(summary, dataset_bytes)
     payload = {
         "benchmark": "reader",
         "config": {"file": args.file or f"synthetic {args.samples} x {args.shape} uint8",

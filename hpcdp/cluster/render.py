@@ -9,7 +9,10 @@ every value shell-quoted, which keeps golden-file tests readable.
 
 `slurm/train.sbatch` is `render()` with the defaults and `slurm/prep.sbatch` is
 `render_prep()`, the two sharing one prologue (unit tests keep the files equal to
-the renderings); the launch section adapts to whatever `sbatch` options it is given.
+the renderings). The shell text is the package's templates/*.sh, which shellcheck
+lints; render writes only the lines that depend on the options before it. The launch
+adapts to whatever `sbatch` options the job is given: in the job, the batch shell asks
+hpcdp.cluster.layout for the ranks, their spread over the nodes and their CPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 
 from hpcdp.cluster import containers
 from hpcdp.config import PreemptConfig
@@ -164,244 +168,20 @@ def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None)
             f"launch_prefix=({' '.join(map(_q, prefix))})"]
 
 
-HEADER = """\
-# hpcdp training job. Arguments after the script name go to `python -m hpcdp.train`,
-# or, after --script FILE [--], to a training script of your own (hpcdp.session):
-#   sbatch [sbatch options] THIS_SCRIPT --config FILE key.sub=value ...
-#   sbatch [sbatch options] THIS_SCRIPT --script my_train.py -- ARGS ...
-# One rank per GPU (per task on CPU-only nodes or with --gpus-per-task), launched with
-# srun and the site's MPI plugin. Environment (all optional): HPCDP_VENV (venv to
-# activate), HPCDP_SETUP (file to source first: module loads, exports), HPCDP_PYTHON
-# (interpreter, default python3), HPCDP_SRUN_MPI (srun --mpi plugin; default: the
-# site's MpiDefault), HPCDP_SRUN_ARGS (extra srun options). NCCL, HDF5 and Horovod
-# settings below are defaults: exported values win.
-"""
+def _template(name: str) -> str:
+    """The text of templates/NAME.sh, which ships with the package (package data)."""
+    return resources.files("hpcdp.cluster").joinpath(f"templates/{name}.sh").read_text()
 
-PREP_HEADER = """\
-# hpcdp dataset preparation: every task writes its slab of the same HDF5 files
-# through parallel HDF5 (MPI-IO), launched with srun and the site's MPI plugin.
-#   sbatch --ntasks=4 slurm/prep.sbatch digits --out data/digits        # hpcdp prep ...
-#   sbatch --ntasks=4 slurm/prep.sbatch datasets/digits.py --out data/digits
-# A first argument ending in .py is a recipe script run on every rank; anything
-# else is handed to `hpcdp prep`. Near its time limit the job requeues itself and
-# the next run adds --resume. Environment (optional): HPCDP_VENV (venv to
-# activate), HPCDP_SETUP (file to source first: module loads, exports),
-# HPCDP_PYTHON (default python3), HPCDP_SRUN_MPI (default: the site's MpiDefault).
-"""
 
-# The part both scripts share: environment, export to the job steps, MPI plugin.
-PROLOGUE = r"""
-# ---- launch: the same for every allocation -------------------------------------------
-log() { echo "[hpcdp.sbatch $(date -u +%H:%M:%S)] $*"; }
-if [[ -n "${HPCDP_SETUP:-}" ]]; then
-  [[ -f "$HPCDP_SETUP" ]] || { log "error: HPCDP_SETUP=$HPCDP_SETUP is not a file"; exit 2; }
-  source "$HPCDP_SETUP"
-fi
-if [[ -n "${HPCDP_VENV:-}" ]]; then
-  [[ -f "$HPCDP_VENV/bin/activate" ]] || {
-    log "error: HPCDP_VENV=$HPCDP_VENV has no bin/activate"; exit 2; }
-  source "$HPCDP_VENV/bin/activate"
-fi
-python="${HPCDP_PYTHON:-python3}"
-# Job steps inherit sbatch's --export (NONE, or names without ALL) unless told
-# otherwise; they get this shell's environment instead: the venv, the exports here.
-export SLURM_EXPORT_ENV=ALL
-# srun's MPI plugin: the site's MpiDefault unless HPCDP_SRUN_MPI names one
-# (`srun --mpi=list` lists them; `hpcdp doctor` says which fits the MPI library).
-mpi=()
-[[ -z "${HPCDP_SRUN_MPI:-}" ]] || mpi=(--mpi="$HPCDP_SRUN_MPI")
-# No file locking: parallel HDF5 on Lustre/GPFS/NFS often has none, and the ranks
-# coordinate through MPI.
-export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
-export PYTHONUNBUFFERED=1
-"""
+# The batch scripts' shell text lives in templates/*.sh, where shellcheck lints it
+# (`make lint`): the comments that open each script, the part both scripts share
+# (environment, export to the job steps, MPI plugin), and each script's launch.
+HEADER = _template("train_header")
+PREP_HEADER = _template("prep_header")
+PROLOGUE = _template("prologue")
+TRAIN = _template("train").replace("__EXIT_REQUEUE__", str(EXIT_REQUEUE))
+PREP = _template("prep")
 
-TRAIN = r"""
-# Layout. With GPUs per task (--gpus-per-task, --ntasks-per-gpu): the job's tasks,
-# Slurm gives each its GPU(s). Other GPU jobs: one rank per GPU of each node, which
-# needs the same GPU count on every node. Without GPUs: the job's tasks.
-nodes="${SLURM_JOB_NUM_NODES:-1}"
-# SLURM_GPUS_ON_NODE (Slurm >= 20.11), else --gpus-per-node's value ("4" or "a100:4").
-gpus="${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE##*:}}"
-gpus="${gpus:-0}"
-# Slurm's per-node lists, one value per node: "2(x3),1" -> "2 2 2 1".
-per_node() {
-  local item i items out=()
-  IFS=, read -ra items <<< "$1"
-  for item in "${items[@]}"; do
-    if [[ "$item" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
-      for (( i = 0; i < BASH_REMATCH[2]; i++ )); do out+=("${BASH_REMATCH[1]}"); done
-    else
-      out+=("$item")
-    fi
-  done
-  echo "${out[*]}"
-}
-if [[ -n "${SLURM_GPUS_PER_TASK:-}${SLURM_NTASKS_PER_GPU:-}" ]]; then
-  ntasks="${SLURM_NTASKS:-$nodes}"
-  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
-  layout=(--ntasks="$ntasks")
-elif (( gpus > 0 )); then
-  if [[ -n "${SLURM_NTASKS_PER_NODE:-}" && "$SLURM_NTASKS_PER_NODE" != "$gpus" ]]; then
-    log "error: one rank per GPU, but --ntasks-per-node=$SLURM_NTASKS_PER_NODE" \
-        "differs from the $gpus GPUs per node"
-    exit 2
-  fi
-  if (( nodes > 1 )) && [[ -n "${SLURM_GPUS:-}" && -z "${SLURM_GPUS_PER_NODE:-}" ]]; then
-    log "error: --gpus=$SLURM_GPUS over $nodes nodes may give the nodes different GPU" \
-        "counts, and one rank per GPU needs the same count on each: ask for" \
-        "--gpus-per-node, or --gpus-per-task with --ntasks"
-    exit 2
-  fi
-  ntasks=$(( nodes * gpus ))
-  tasks_on=()
-  for (( i = 0; i < nodes; i++ )); do tasks_on+=("$gpus"); done
-  layout=(--ntasks="$ntasks" --ntasks-per-node="$gpus")
-else
-  ntasks="${SLURM_NTASKS:-$(( nodes * ${SLURM_NTASKS_PER_NODE:-1} ))}"
-  read -ra tasks_on <<< "$(per_node "${SLURM_TASKS_PER_NODE:-$ntasks}")"
-  layout=(--ntasks="$ntasks")
-fi
-
-# CPUs per rank: --cpus-per-task if given, else the fewest that any node can give each
-# of its ranks (Slurm's per-node counts). srun needs the number: Slurm >= 22.05 reads
-# SRUN_CPUS_PER_TASK and no longer passes sbatch's --cpus-per-task on.
-read -ra cpus_on <<< "$(per_node "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")"
-cpus_per_task="${SLURM_CPUS_PER_TASK:-}"
-if [[ -z "$cpus_per_task" ]]; then
-  for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
-    share=$(( ${cpus_on[i]:-${cpus_on[0]}} / (tasks_on[i] > 0 ? tasks_on[i] : 1) ))
-    if [[ -z "$cpus_per_task" ]] || (( share < cpus_per_task )); then cpus_per_task=$share; fi
-  done
-  (( cpus_per_task >= 1 )) || cpus_per_task=1
-fi
-overcommit=()
-for (( i = 0; i < ${#tasks_on[@]}; i++ )); do
-  if (( ${cpus_on[i]:-${cpus_on[0]}} < tasks_on[i] * cpus_per_task )); then
-    log "warning: ${cpus_on[i]:-${cpus_on[0]}} CPUs on node $i for ${tasks_on[i]} ranks," \
-        "so ranks share CPUs; ask for --cpus-per-gpu, --cpus-per-task or --exclusive"
-    overcommit=(--overcommit)
-    export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
-    break
-  fi
-done
-export SRUN_CPUS_PER_TASK=$cpus_per_task
-# Threads per rank, each rank's GPU and Horovod's fusion threshold and cycle time are
-# chosen by hpcdp itself, from what the rank was given (its CPU affinity; the GPUs it
-# sees; the Horovod it runs). An exported value (OMP_NUM_THREADS, HOROVOD_*) wins.
-
-# Defaults the user can override by exporting them before sbatch.
-export NCCL_ASYNC_ERROR_HANDLING="${NCCL_ASYNC_ERROR_HANDLING:-1}"
-export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
-
-read -ra srun_extra <<< "${HPCDP_SRUN_ARGS:-}"
-srun_args=("${mpi[@]}" "${layout[@]}" --cpus-per-task="$cpus_per_task" "${overcommit[@]}"
-           --kill-on-bad-exit=1 "${srun_options[@]}" "${srun_extra[@]}")
-# `--script FILE [--]` first: the ranks run that script instead of hpcdp.train.
-if [[ "${1:-}" == --script ]]; then
-  [[ -n "${2:-}" && "$2" != -* ]] || { log "error: --script needs a file name"; exit 2; }
-  entry=("$2")
-  shift 2
-  [[ "${1:-}" != -- ]] || shift
-fi
-# A container wraps the command alone: this shell, which requeues, stays outside.
-command=("${launch_prefix[@]}" "$python" "${entry[@]}" "${train_args[@]}" "$@"
-         "${signal_args[@]}")
-if (( ${#launch_prefix[@]} )) && ! command -v "${launch_prefix[0]}" > /dev/null; then
-  log "error: container runtime ${launch_prefix[0]} not found on" \
-      "${SLURMD_NODENAME:-$HOSTNAME} (load its module in the site profile)"
-  exit 2
-fi
-log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}:" \
-    "$ntasks ranks, $nodes node(s), $gpus GPU(s)/node, $cpus_per_task CPU(s)/rank," \
-    "MPI plugin ${HPCDP_SRUN_MPI:-of the site}"
-log "srun ${srun_args[*]} ${command[*]}"
-
-# srun runs in the background so this shell can pass signals on and outlive the
-# ranks: a batch shell that died early would end the job while rank 0 is still
-# writing its checkpoint. Slurm sends TERM (time limit, scancel, requeue) to the
-# ranks itself, and srun turns a TERM of its own into a kill, so TERM is only logged.
-# The traps come first: a signal that came before them would end this shell.
-srun_pid=
-trap 'log "batch shell got TERM; the ranks get it from Slurm"' TERM
-trap 'log "batch shell got USR1; passing it to the ranks"; pass USR1' USR1
-trap 'log "batch shell got USR2; passing it to the ranks"; pass USR2' USR2
-pass() { [[ -z "$srun_pid" ]] || kill -"$1" "$srun_pid" 2>/dev/null || true; }
-srun "${srun_args[@]}" "${command[@]}" &
-srun_pid=$!
-# Poll, not `wait`: a signal that cuts `wait` short just as srun ends loses srun's
-# status in bash (wait then says 143, or -1). Traps run between the short sleeps.
-while kill -0 "$srun_pid" 2>/dev/null; do sleep 0.5 || true; done
-wait "$srun_pid" && status=0 || status=$?
-log "ranks finished with exit status $status"
-
-# @EXIT_REQUEUE@: the ranks stopped at a checkpoint and want a requeue they could not
-# make (no scontrol inside a container, say). Requeue this job (this array task alone)
-# unless its user is cancelling it; else fail: the training is unfinished.
-if (( status == @EXIT_REQUEUE@ )); then
-  job="${SLURM_JOB_ID:-?}"
-  [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-  shown="$(scontrol show job -o "$job" 2>&1)" || shown=""
-  if [[ "$shown" =~ JobState=(COMPLETING|CANCELLED) && ! "$shown" =~ Reason=(TimeLimit|Preempted) ]]
-  then
-    log "job $job is being cancelled: not requeued, the training is unfinished"
-  elif scontrol requeue "$job"; then
-    log "requeued job $job from the batch shell"
-    status=0
-  else
-    log "error: scontrol requeue $job failed: the training is unfinished"
-  fi
-fi
-exit "$status"
-"""
-
-PREP = r"""
-if (( $# == 0 )); then
-  log "error: say what to prepare, e.g. 'digits --out data/digits'" \
-      "or 'datasets/digits.py --out DIR'"
-  exit 2
-fi
-if [[ "$1" == *.py ]]; then
-  [[ -f "$1" ]] || { log "error: recipe $1 not found (relative to $PWD)"; exit 2; }
-  command=("$python" "$@")
-else
-  command=("$python" -m hpcdp prep "$@")
-fi
-# A requeued run (see the trap below) continues from the blocks the stopped one
-# completed: every recipe keeps them in OUT/.hpcdp-prep/ and takes --resume.
-if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then command+=(--resume); fi
-# One thread per rank: the work is I/O and copying.
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-ntasks="${SLURM_NTASKS:-1}"
-log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
-    "${SLURM_JOB_NODELIST:-?}: $ntasks ranks: ${command[*]}"
-
-# Before the time limit Slurm sends USR1 to this shell (--signal=B:USR1@...): it
-# requeues the job, which stops the ranks (their completed blocks are on disk) and
-# runs this script again with --resume. Nothing to save first: a block is written
-# whole or not at all, so a plain kill loses at most the blocks in progress.
-srun_pid=
-requeue() {
-  local job="${SLURM_JOB_ID:-?}"
-  [[ -z "${SLURM_ARRAY_TASK_ID:-}" ]] || job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-  if [[ -n "$srun_pid" ]] && ! kill -0 "$srun_pid" 2>/dev/null; then
-    log "batch shell got USR1, but the ranks have finished: not requeued"
-    return
-  fi
-  log "batch shell got USR1 (time limit near): requeueing job $job to resume"
-  scontrol requeue "$job" ||
-    log "error: scontrol requeue $job failed: the preparation is unfinished"
-}
-trap requeue USR1
-srun "${mpi[@]}" --ntasks="$ntasks" --kill-on-bad-exit=1 "${command[@]}" &
-srun_pid=$!
-# Poll, not `wait`: the trap runs between the short sleeps, and srun's status survives.
-while kill -0 "$srun_pid" 2>/dev/null; do sleep 0.5 || true; done
-wait "$srun_pid" && status=0 || status=$?
-log "ranks finished with exit status $status"
-exit "$status"
-"""
-TRAIN = TRAIN.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
 
 def render(
     *,
@@ -460,7 +240,7 @@ def render(
     lines += _environment(modules, setup, env, venv, srun_mpi)
     lines += _launch(srun_options, container)
     lines += _training_args(signal, config, overrides, script)
-    return "\n".join(lines) + "\n" + PROLOGUE + TRAIN
+    return "\n".join(lines) + "\n\n" + PROLOGUE + "\n" + TRAIN
 
 
 @dataclass(frozen=True)
@@ -604,7 +384,7 @@ def render_prep() -> str:
           "--requeue", "--open-mode=append", "--output=%x-%j.out"]
     lines = ["#!/bin/bash", PREP_HEADER.rstrip("\n"), *(f"#SBATCH {o}" for o in sb),
              "set -eo pipefail"]
-    return "\n".join(lines) + "\n" + PROLOGUE + PREP
+    return "\n".join(lines) + "\n\n" + PROLOGUE + "\n" + PREP
 
 
 def option_names() -> list[str]:

@@ -37,6 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcdp plan", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
+    _measurement_options(p)
+    _network_options(p)
+    _job_options(p)
+    _model_options(p)
+    p.add_argument("--check", action="store_true",
+                   help="compare predictions with measured runs (--against)")
+    p.add_argument("--against", action="append", default=[], metavar="RUN_DIR[:NODES]",
+                   help="a finished run to compare with (--check; NODES default 1)")
+    p.add_argument("--label", default="", help="--check: the row label (e.g. the model)")
+    p.add_argument("--json", type=Path, help="also write the predictions here")
+    return p
+
+
+def _measurement_options(p: argparse.ArgumentParser) -> None:
+    """Where one node's step comes from, and the config overrides for measuring it."""
     src = p.add_argument_group("the 1-node measurement (one of)")
     src.add_argument("--config", help="training config: a short 1-rank run measures it")
     src.add_argument("--run", type=Path, help="a finished 1-rank run folder to read instead")
@@ -52,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--classes", type=int, default=1000, help="with --model: classes")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value",
                    help="training config overrides for the measurement")
+
+
+def _network_options(p: argparse.ArgumentParser) -> None:
+    """The all-reduce fits and the site that give the network's alpha and beta."""
     net = p.add_argument_group("the network model")
     net.add_argument("--allreduce", type=Path,
                      help="hpcdp bench allreduce JSON from within one node (the intra level; "
@@ -64,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(a name or a .toml file)")
     net.add_argument("--flat", action="store_true",
                      help="one flat ring over all ranks instead of within-node then across")
+
+
+def _job_options(p: argparse.ArgumentParser) -> None:
+    """The job to plan, and the changes the advice predicts."""
     lay = p.add_argument_group("the job")
     lay.add_argument("--global-batch", type=int,
                      help="samples per optimizer step, fixed for every node count (default: "
@@ -78,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--accumulate", type=int, default=4,
                      help="micro-batches per all-reduce to predict "
                           "(horovod.backward_passes_per_step)")
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """The scaling model's assumptions, and how the measurement runs."""
     mod = p.add_argument_group("model assumptions")
     mod.add_argument("--backward-share", type=float, default=2 / 3,
                      help="backward's share of the compute, the part all-reduces hide behind")
@@ -92,13 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="threads of the measuring rank (default on CPUs: cores / ranks per "
                           "node, what each rank of the job gets)")
     run.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--check", action="store_true",
-                   help="compare predictions with measured runs (--against)")
-    p.add_argument("--against", action="append", default=[], metavar="RUN_DIR[:NODES]",
-                   help="a finished run to compare with (--check; NODES default 1)")
-    p.add_argument("--label", default="", help="--check: the row label (e.g. the model)")
-    p.add_argument("--json", type=Path, help="also write the predictions here")
-    return p
 
 
 def network_model(args: argparse.Namespace, sources: Sources) -> tuple[model.Network, int | None]:

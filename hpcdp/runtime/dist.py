@@ -24,7 +24,7 @@ import horovod.torch as hvd
 import torch
 
 from hpcdp.config import HorovodConfig
-from hpcdp.runtime import build_guard, hvd_build, hvd_settings
+from hpcdp.runtime import build_guard, hvd_build, hvd_settings, thread_plan
 from hpcdp.runtime.placement import (
     PlacementError,
     RankPlacement,
@@ -45,33 +45,33 @@ class AgreedError(RuntimeError):
 
 
 #: What init chose for this process (threads, yielding and why), for the identity line.
-_runtime: hvd_settings.RuntimePlan | None = None
+_runtime: thread_plan.RuntimePlan | None = None
 
 
 def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
          environ: MutableMapping[str, str] | None = None,
-         cpu_bind: str = "auto") -> hvd_settings.RuntimePlan:
+         cpu_bind: str = "auto") -> thread_plan.RuntimePlan:
     """Apply hpcdp's runtime settings, then hvd.init() (a collective every rank reaches first).
 
     `on_gpu`: whether gradients will live on GPUs (it decides the fusion threshold).
-    Threads and MPI yielding follow hvd_settings.plan_runtime for the CPUs this
+    Threads and MPI yielding follow thread_plan.plan_runtime for the CPUs this
     rank may use, unless exported; they go into the environment before hvd.init()
     starts MPI. A malformed OMP_NUM_THREADS is an AgreedError on every rank alike.
     On CPUs (`cpu_bind` auto) a rank whose launcher left the node's ranks sharing
-    one mask is pinned to its share (hvd_settings.cpu_share) before Horovod and MPI
+    one mask is pinned to its share (thread_plan.cpu_share) before Horovod and MPI
     start their threads, which inherit it.
     """
     global _runtime
     environ = os.environ if environ is None else environ
-    view = hvd_settings.probe()
+    view = thread_plan.probe()
     try:
-        plan = hvd_settings.apply(environ, view)
+        plan = thread_plan.apply(environ, view)
     except ValueError as exc:
         raise AgreedError(str(exc)) from exc
     if not on_gpu and cpu_bind == "auto":
-        share = hvd_settings.cpu_share(view, plan.local_ranks, hvd_settings.local_rank(environ),
+        share = thread_plan.cpu_share(view, plan.local_ranks, thread_plan.local_rank(environ),
                                        environ, plan.threads)
-        if share and hvd_settings.pin_process(share):
+        if share and thread_plan.pin_process(share):
             plan = dataclasses.replace(plan, pinned=share)
     torch.set_num_threads(plan.threads)
     env = hvd_settings.horovod_env(hc, run_dir, on_gpu, environ, hvd_settings.horovod_wakes(),
@@ -95,9 +95,9 @@ def init(hc: HorovodConfig, run_dir: Path, on_gpu: bool = False,
         except build_guard.BuildMismatch as exc:
             raise AgreedError(str(exc)) from exc
     if hvd.local_size() != plan.local_ranks and "OMP_NUM_THREADS" in plan.env:
-        # A launcher whose variables hvd_settings does not know: threads follow Horovod's
+        # A launcher whose variables thread_plan does not know: threads follow Horovod's
         # count of local ranks now (yielding was decided before MPI started and stays).
-        plan = hvd_settings.rethread(plan, hvd.local_size(), environ)
+        plan = thread_plan.rethread(plan, hvd.local_size(), environ)
         environ.update(plan.env)
         torch.set_num_threads(plan.threads)
     _runtime = plan
@@ -209,7 +209,7 @@ def identity(device: torch.device) -> dict[str, Any]:
         "controller": "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "other",
         "fusion_threshold": int(os.environ.get("HOROVOD_FUSION_THRESHOLD", "-1")),
         "threads": torch.get_num_threads(),
-        "mpi_yield": hvd_settings.yielding(os.environ),
+        "mpi_yield": thread_plan.yielding(os.environ),
         "settings": settings_line(),
         "horovod": hvd_build.installed_build().describe(),
     }

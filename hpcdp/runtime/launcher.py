@@ -20,7 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from hpcdp.runtime.hvd_settings import GLOO_PAIR_VAR, GLOO_YIELD_VAR, YIELD_VAR, recommended_env
+from hpcdp.runtime.hvd_settings import GLOO_PAIR_VAR, GLOO_YIELD_VAR, recommended_env
+from hpcdp.runtime.thread_plan import YIELD_VAR
 
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import hvd_settings, thread_plan
 from hpcdp.runtime.cpus import probe
 from hpcdp.runtime.launcher import run_ranks
 
@@ -46,7 +46,7 @@ def test_plain_launch_gets_the_rule(make_data, tmp_path: Path, launcher: str) ->
     view = probe()
     for ident in ids:
         if launcher == "horovodrun":  # -bind-to none: both ranks share this process's CPUs
-            plan = hvd_settings.plan_runtime(view, 2, {"OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+            plan = thread_plan.plan_runtime(view, 2, {"OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
             assert ident["threads"] == plan.threads, ident
             assert ident["mpi_yield"] is plan.yield_idle, ident
             assert ident["settings"].startswith(plan.describe()), ident
@@ -66,7 +66,7 @@ def test_plain_launch_gets_the_rule(make_data, tmp_path: Path, launcher: str) ->
 
 def test_exported_values_win(make_data, tmp_path: Path) -> None:
     ids = train_plain(make_data, tmp_path, "horovodrun",
-                      env={"OMP_NUM_THREADS": "2", hvd_settings.YIELD_VAR: "0"})
+                      env={"OMP_NUM_THREADS": "2", thread_plan.YIELD_VAR: "0"})
     for ident in ids:
         assert (ident["threads"], ident["mpi_yield"]) == (2, False), ident
         assert ident["settings"].startswith(

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY_MODULES = {"hpcdp.cli", "hpcdp.__main__", "hpcdp.doctor", "hpcdp.config_doc", "hpcdp.train",
                  "hpcdp.train.command", "hpcdp.train.__main__"}
 #: The shared bottom: every layer may import these, and they import no layer.
-BASE_MODULES = {"hpcdp", "hpcdp.config", "hpcdp.cliargs", "hpcdp.files", "hpcdp.references",
-                "hpcdp.profile_spec"}
+BASE_MODULES = {"hpcdp", "hpcdp.config", "hpcdp.config.schema", "hpcdp.config.values",
+                "hpcdp.config.checks", "hpcdp.config.load", "hpcdp.cliargs", "hpcdp.files",
+                "hpcdp.references", "hpcdp.profile_spec"}
 
 #: Layer -> the layers it must not import (at module level or inside a function).
 FORBIDDEN: dict[str, set[str]] = {

@@ -9,7 +9,7 @@ import pytest
 
 from hpcdp.bench import allreduce, common, fusion
 from hpcdp.bench.common import RunConfig
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import hvd_settings, thread_plan
 from hpcdp.runtime.hvd_settings import CPU_BUCKET_BYTES
 
 
@@ -138,9 +138,9 @@ def test_settings_are_strings_and_overridable() -> None:
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     assert "HOROVOD_CYCLE_TIME" not in hvd_settings.recommended_env()  # not kept
     # Every Horovod default is replaced by a value chosen at init, or chosen per
-    # process from its CPUs (hvd_settings.plan_runtime).
+    # process from its CPUs (thread_plan.plan_runtime).
     chosen_at_init = {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"}
-    by_cpus = {hvd_settings.YIELD_VAR, "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+    by_cpus = {thread_plan.YIELD_VAR, "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
     # The switches of the Gloo patches this Horovod build has (none on a stock build).
     by_build = set(hvd_settings.gloo_env({}, hvd_settings.horovod_patches()))
     assert set(hvd_settings.default_env()) <= chosen_at_init | by_cpus

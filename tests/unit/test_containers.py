@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,10 @@ def standins(tmp_path: Path, runtimes: tuple[str, ...]) -> Path:
 def job_env(folder: Path, **extra: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "OMP_", "MKL_", "HPCDP_"))}
-    # Only the stand-ins and the system's tools: no real runtime can be picked up.
-    return {**base, "PATH": f"{folder}:/usr/bin:/bin", "STANDIN": str(folder),
+    # Only the stand-ins, the system's tools and this venv (the batch shell's python3,
+    # which works out the layout, as HPCDP_VENV's would): no real runtime can be picked up.
+    path = os.pathsep.join((str(folder), str(Path(sys.executable).parent), "/usr/bin:/bin"))
+    return {**base, "PATH": path, "STANDIN": str(folder),
             "HPCDP_PYTHON": str(folder / "python"), "SLURM_JOB_ID": "41", **extra}
 
 

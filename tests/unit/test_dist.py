@@ -99,7 +99,7 @@ def test_the_cycle_is_long_only_where_an_enqueue_wakes_horovod() -> None:
 
 def test_an_oversubscribed_rank_is_told(monkeypatch) -> None:
     from hpcdp.runtime import dist
-    from hpcdp.runtime.hvd_settings import RuntimePlan
+    from hpcdp.runtime.thread_plan import RuntimePlan
 
     crowded = RuntimePlan(threads=2, threads_why="OMP_NUM_THREADS exported", yield_idle=True,
                           yield_why="", cpus=2.0, sharers=2, local_ranks=2)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.runtime import cpus, hvd_settings
+from hpcdp.runtime import cpus, hvd_settings, thread_plan
 from hpcdp.runtime.cpus import CpuView
-from hpcdp.runtime.hvd_settings import YIELD_VAR, local_ranks, plan_runtime
+from hpcdp.runtime.thread_plan import YIELD_VAR, local_ranks, plan_runtime
 
 
 def view(mask: range | set[int], pool: range | set[int] | None = None,
@@ -124,7 +124,7 @@ def test_exported_values_win() -> None:
 
 def test_apply_sets_only_what_is_missing() -> None:
     environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    plan = hvd_settings.apply(environ, view=view(range(2)))
+    plan = thread_plan.apply(environ, view=view(range(2)))
     assert plan.describe().startswith("threads 1 (OMP_NUM_THREADS exported), yield on")
     assert environ == {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1",
                        "MKL_NUM_THREADS": "1", YIELD_VAR: "1"}
@@ -134,12 +134,12 @@ def test_rethread_for_a_local_size_learnt_at_init() -> None:
     # An unknown launcher: 1 rank assumed, Horovod then says 4 share the 8 CPUs.
     plan = plan_runtime(view(range(8)), 1, {})
     environ = dict(plan.env)
-    again = hvd_settings.rethread(plan, 4, environ, view=view(range(8)))
+    again = thread_plan.rethread(plan, 4, environ, view=view(range(8)))
     assert (again.threads, again.sharers, again.local_ranks) == (2, 4, 4)
     assert again.env["OMP_NUM_THREADS"] == again.env["MKL_NUM_THREADS"] == "2"
     assert (again.yield_idle, again.yield_why) == (plan.yield_idle, plan.yield_why)
     exported = plan_runtime(view(range(8)), 1, {"OMP_NUM_THREADS": "3"})
-    assert hvd_settings.rethread(exported, 4, {"OMP_NUM_THREADS": "3"},
+    assert thread_plan.rethread(exported, 4, {"OMP_NUM_THREADS": "3"},
                                  view=view(range(8))) == exported
 
 
@@ -245,35 +245,35 @@ def test_probe_of_this_process() -> None:
 ])
 def test_cpu_share(mask, ranks: int, rank: int | None, environ: dict[str, str],
                    share: set[int] | None) -> None:
-    got = hvd_settings.cpu_share(view(mask), ranks, rank, environ)
+    got = thread_plan.cpu_share(view(mask), ranks, rank, environ)
     assert got == (frozenset(share) if share is not None else None)
 
 
 def test_a_share_smaller_than_the_exported_threads_is_not_pinned() -> None:
     """OMP_NUM_THREADS=2 exported for 2 ranks on 2 cores: pinning each rank to its one
     core would stack its 2 compute threads there (a step took 100x longer)."""
-    assert hvd_settings.cpu_share(view(range(2)), 2, 0, {}, threads=2) is None
-    assert hvd_settings.cpu_share(view(range(4)), 2, 1, {}, threads=2) == frozenset({2, 3})
+    assert thread_plan.cpu_share(view(range(2)), 2, 0, {}, threads=2) is None
+    assert thread_plan.cpu_share(view(range(4)), 2, 1, {}, threads=2) == frozenset({2, 3})
     env = {"OMP_NUM_THREADS": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
-    plan = hvd_settings.plan_runtime(view(range(2)), 2, env)
+    plan = thread_plan.plan_runtime(view(range(2)), 2, env)
     assert plan.threads == 2  # exported: it wins, so the share must fit it
-    assert hvd_settings.cpu_share(view(range(2)), 2, 1, env, plan.threads) is None
+    assert thread_plan.cpu_share(view(range(2)), 2, 1, env, plan.threads) is None
 
 
 def test_a_rank_the_launcher_bound_is_not_pinned_again() -> None:
     bound = view({1}, pool=range(2))
-    assert hvd_settings.cpu_share(bound, 2, 1, {"OMPI_MCA_orte_bound_at_launch": "1"}) is None
+    assert thread_plan.cpu_share(bound, 2, 1, {"OMPI_MCA_orte_bound_at_launch": "1"}) is None
 
 
 def test_local_rank_and_the_cpu_list_format() -> None:
-    assert hvd_settings.local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == 1
-    assert hvd_settings.local_rank({"HOROVOD_LOCAL_RANK": "3"}) == 3
-    assert hvd_settings.local_rank({"SLURM_LOCALID": "0"}) == 0
-    assert hvd_settings.local_rank({"SLURM_LOCALID": "x"}) is None
-    assert hvd_settings.local_rank({}) is None
+    assert thread_plan.local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == 1
+    assert thread_plan.local_rank({"HOROVOD_LOCAL_RANK": "3"}) == 3
+    assert thread_plan.local_rank({"SLURM_LOCALID": "0"}) == 0
+    assert thread_plan.local_rank({"SLURM_LOCALID": "x"}) is None
+    assert thread_plan.local_rank({}) is None
     assert cpus.format_cpu_list(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
     assert cpus.parse_cpu_list(cpus.format_cpu_list({3, 0, 1})) == {0, 1, 3}
-    plan = hvd_settings.plan_runtime(view(range(2)), 2, {})
+    plan = thread_plan.plan_runtime(view(range(2)), 2, {})
     import dataclasses
 
     pinned = dataclasses.replace(plan, pinned=frozenset({1}))
@@ -286,10 +286,10 @@ def test_pin_process_reaches_threads_started_before_and_after() -> None:
 
     code = """
 import os, threading, time
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import thread_plan
 before = threading.Thread(target=time.sleep, args=(1,)); before.start()
 cpu = min(os.sched_getaffinity(0))
-assert hvd_settings.pin_process(frozenset({cpu}))
+assert thread_plan.pin_process(frozenset({cpu}))
 seen = {}
 after = threading.Thread(target=lambda: seen.update(after=os.sched_getaffinity(0))); after.start()
 after.join()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,10 @@ def run_script(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, st
         (standin / name).chmod(0o755)
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "OMP_", "MKL_", "HPCDP_"))}
-    base.update({"PATH": f"{standin}:{os.environ['PATH']}", "STANDIN": str(standin)})
+    # The batch shell works out the layout with python3 (hpcdp.cluster.layout): this
+    # venv's, as HPCDP_VENV makes it in a job.
+    path = os.pathsep.join((str(standin), str(Path(sys.executable).parent), os.environ["PATH"]))
+    base.update({"PATH": path, "STANDIN": str(standin)})
     done = subprocess.run(["bash", str(TRAIN_SBATCH), *args], env={**base, **env},
                           capture_output=True, text=True, timeout=60, check=False)
     return done.returncode, done.stdout + done.stderr, standin

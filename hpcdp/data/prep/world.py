@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from hpcdp.data.prep import stall
-from hpcdp.runtime import hvd_settings
+from hpcdp.runtime import thread_plan
 
 #: Environment variables that mean "started by an MPI launcher".
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
@@ -50,12 +50,12 @@ class SerialComm:
 def world() -> Any:
     """mpi4py's COMM_WORLD when started by an MPI launcher (mpirun, srun --mpi=...), else serial.
 
-    hpcdp's runtime settings (threads, MPI yielding: hpcdp.runtime.hvd_settings) go into the
+    hpcdp's runtime settings (threads, MPI yielding: hpcdp.runtime.thread_plan) go into the
     environment first, as in training, since MPI reads them when mpi4py starts it. Its
     collectives count as waits for the stall bound (`stall.Watched`).
     """
     try:
-        hvd_settings.apply()
+        thread_plan.apply()
     except ValueError as exc:  # a malformed export: every rank fails alike, before MPI
         raise PrepError(str(exc)) from exc
     if not any(name in os.environ for name in MPI_MARKERS):

@@ -457,9 +457,9 @@ class Assembler:
         """The same batches as `_batches`, each gathered once from the mapped file.
 
         Per window, only where each batch slot's sample lies in the file is worked
-        out (small integer arrays, all streams at once); the samples are copied
-        once, batch by batch, into arrays small enough to stay in cache for the
-        consumer.
+        out (small integer arrays, all streams at once: `_mapped_slots`); the samples
+        are copied once, batch by batch, into arrays small enough to stay in cache for
+        the consumer.
         """
         p = self.plan
         u, b, w, n = p.per_stream, self.b, p.window_read, len(p.streams)
@@ -478,33 +478,7 @@ class Assembler:
             lo, hi = max(ws, p.position), min(we, end)
             first = (lo - p.position) // u
             last = (hi - 1 - p.position) // u
-            # Stream i's window position q is served at position ws + q of its stream,
-            # which is slot (q' // u, i*u + q' % u) of this window's steps, where
-            # q' = ws + q - position - first*u: a plain reshape per stream, once the
-            # rows are put in serving order (read order, permuted by the window's shuffle).
-            length = we - ws
-            perms = np.stack([pt.window_permutation(p.seed, p.epoch, v, k, length)
-                              for v in p.streams])
-            read_rows = np.stack([pt.runs_to_indices(runs) for runs in here])
-            served = np.take_along_axis(read_rows, perms, axis=1)  # (streams, length)
-            q0, q1 = lo - ws, hi - ws  # served this pass (not before a resume point)
-            f0 = lo - p.position - first * u
-            src = np.empty((n, nrows * u), np.int64)
-            src[:, f0 : f0 + q1 - q0] = rows.offsets(served[:, q0:q1])
-            lab = None
-            if self._labels is not None:
-                labels = np.empty(read_rows.shape, np.int64)
-                for i, runs in enumerate(here):
-                    at = 0
-                    for start, stop in runs:
-                        self._labels.read(start, stop, labels[i, at : at + stop - start])
-                        at += stop - start
-                lab = np.empty((n, nrows * u), np.int64)
-                lab[:, f0 : f0 + q1 - q0] = np.take_along_axis(labels, perms, axis=1)[:, q0:q1]
-            if f0 and prev is not None:  # step `first` began in the previous window
-                src[:, :f0] = prev[0][:, :f0]
-                if lab is not None and prev[1] is not None:
-                    lab[:, :f0] = prev[1][:, :f0]
+            src, lab = self._mapped_slots(rows, here, k, (ws, we, lo, hi), first, prev)
             # Batch-major: step j's batch is every stream's u slots in stream order.
             src_b = src.reshape(n, nrows, u).transpose(1, 0, 2).reshape(nrows, b)
             lab_b = (lab.reshape(n, nrows, u).transpose(1, 0, 2).reshape(nrows, b)
@@ -522,6 +496,56 @@ class Assembler:
             # stays bounded by about a window however large the file.
             rows.drop()
             here = ahead
+
+    def _mapped_slots(self, rows: RowMap, here: list[list[tuple[int, int]]], k: int,
+                      bounds: tuple[int, int, int, int], first: int,
+                      prev: tuple[np.ndarray, np.ndarray | None] | None,
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Window k's (file offset, label) of every slot of its steps, stream-major.
+
+        `bounds` is (ws, we, lo, hi): the window's stream positions, and the part of
+        them this pass serves; `here` the streams' file row runs for the window; `prev`
+        the previous window's incomplete last step, whose head fills the first slots.
+        Returns two (streams, steps x per_stream) arrays; no labels: None.
+        """
+        p, (ws, we, lo, hi) = self.plan, bounds
+        u, n = p.per_stream, len(p.streams)
+        nrows = -(-p.window_read // u) + 1
+        # Stream i's window position q is served at position ws + q of its stream,
+        # which is slot (q' // u, i*u + q' % u) of this window's steps, where
+        # q' = ws + q - position - first*u: a plain reshape per stream, once the
+        # rows are put in serving order (read order, permuted by the window's shuffle).
+        length = we - ws
+        perms = np.stack([pt.window_permutation(p.seed, p.epoch, v, k, length)
+                          for v in p.streams])
+        read_rows = np.stack([pt.runs_to_indices(runs) for runs in here])
+        served = np.take_along_axis(read_rows, perms, axis=1)  # (streams, length)
+        q0, q1 = lo - ws, hi - ws  # served this pass (not before a resume point)
+        f0 = lo - p.position - first * u
+        src = np.empty((n, nrows * u), np.int64)
+        src[:, f0 : f0 + q1 - q0] = rows.offsets(served[:, q0:q1])
+        lab = None
+        if self._labels is not None:
+            labels = self._run_labels(here, read_rows.shape)
+            lab = np.empty((n, nrows * u), np.int64)
+            lab[:, f0 : f0 + q1 - q0] = np.take_along_axis(labels, perms, axis=1)[:, q0:q1]
+        if f0 and prev is not None:  # step `first` began in the previous window
+            src[:, :f0] = prev[0][:, :f0]
+            if lab is not None and prev[1] is not None:
+                lab[:, :f0] = prev[1][:, :f0]
+        return src, lab
+
+    def _run_labels(self, here: list[list[tuple[int, int]]],
+                    shape: tuple[int, ...]) -> np.ndarray:
+        """The labels of each stream's runs, in read order: one row per stream."""
+        assert self._labels is not None
+        labels = np.empty(shape, np.int64)
+        for i, runs in enumerate(here):
+            at = 0
+            for start, stop in runs:
+                self._labels.read(start, stop, labels[i, at : at + stop - start])
+                at += stop - start
+        return labels
 
     def _fill_stream(self, source: Prefetcher | Inline, i: int, v: int, k: int, ws: int,
                      we: int, first: int, items: np.ndarray, by: np.ndarray | None) -> None:

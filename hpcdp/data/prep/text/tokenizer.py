@@ -42,7 +42,7 @@ def library_threads(environ: Mapping[str, str]) -> str | None:
     (every CPU the rank may use). Ranks of a node that its launcher left unbound each see
     every core, and the library would start that many threads in each: a rank gets its
     share instead, the threads hpcdp's plan gave it (OMP_NUM_THREADS, set per local rank
-    by `hvd_settings.apply`). An exported RAYON_NUM_THREADS wins."""
+    by `thread_plan.apply`). An exported RAYON_NUM_THREADS wins."""
     if THREADS_VAR in environ:
         return None
     share = environ.get("OMP_NUM_THREADS", "").strip()

@@ -1,0 +1,123 @@
+"""Typed training configuration: defaults < TOML file < `key.sub=value` overrides.
+
+Every key has a declared type, so a typo or a wrong type fails loudly with the
+key's name instead of silently training with a default. This package needs no
+PyTorch or Horovod: every rank validates the same config before any collective.
+
+One job a module: `schema` (the sections and the task's own), `values` (a value
+checked against its type, read from an override, written as TOML), `checks` (each
+section's checks, the environment passed in) and `load` (building a config). Every
+name is importable from `hpcdp.config` itself.
+"""
+
+from hpcdp.config.checks import (
+    CHECK_ENV,
+    HOROVOD_STALL_CHECK_DEFAULT_S,
+    SHUTDOWN_ENV,
+    TRACKERS,
+    at_least_one,
+    check_paths,
+    horovod_stall_error,
+    not_empty,
+    not_negative,
+    stage_name_error,
+    validate,
+)
+from hpcdp.config.load import (
+    LIBRARIES,
+    PATH_KEYS,
+    TaskDefaults,
+    absolute_model,
+    apply_mapping,
+    build,
+    chosen_task,
+    expand_paths,
+    expand_vars,
+    from_record,
+    load_file,
+    model_folder,
+)
+from hpcdp.config.schema import (
+    CHOICES,
+    RENAMED,
+    SHARED_SECTIONS,
+    SIGNAL_NAMES,
+    TASKS_PACKAGE,
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    HorovodConfig,
+    LogConfig,
+    ModelConfig,
+    OptimConfig,
+    PreemptConfig,
+    RunConfig,
+    ScheduleConfig,
+    TaskConfig,
+    TaskSection,
+    TaskSpec,
+    find_task,
+    task_names,
+)
+from hpcdp.config.values import (
+    coerce,
+    dumps,
+    free_table,
+    parse_override,
+    toml_value,
+    tomllib,
+)
+
+__all__ = [
+    "CHECK_ENV",
+    "CHOICES",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "HOROVOD_STALL_CHECK_DEFAULT_S",
+    "HorovodConfig",
+    "LIBRARIES",
+    "LogConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PATH_KEYS",
+    "PreemptConfig",
+    "RENAMED",
+    "RunConfig",
+    "SHARED_SECTIONS",
+    "SHUTDOWN_ENV",
+    "SIGNAL_NAMES",
+    "ScheduleConfig",
+    "TASKS_PACKAGE",
+    "TRACKERS",
+    "TaskConfig",
+    "TaskDefaults",
+    "TaskSection",
+    "TaskSpec",
+    "absolute_model",
+    "apply_mapping",
+    "at_least_one",
+    "build",
+    "check_paths",
+    "chosen_task",
+    "coerce",
+    "dumps",
+    "expand_paths",
+    "expand_vars",
+    "find_task",
+    "free_table",
+    "from_record",
+    "horovod_stall_error",
+    "load_file",
+    "model_folder",
+    "not_empty",
+    "not_negative",
+    "parse_override",
+    "stage_name_error",
+    "task_names",
+    "toml_value",
+    "tomllib",
+    "validate",
+]
