@@ -80,13 +80,24 @@ def ask(servers: list[str], wanted: dict) -> None:
                    "orig_argv": list(sys.orig_argv), "path": [wanted["path0"], *sys.path]}
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
         reply = json.loads(conn.recv(1 << 16) or b"{}")
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
         conn.close()
+        trace(wanted, f"no server: {exc}")
         return
     if "pid" not in reply:
         conn.close()
+        trace(wanted, f"refused: {reply.get('refused')}")
         return
+    trace(wanted, "forked")
     stand_in(conn, reply["pid"])
+
+
+def trace(wanted: dict, outcome: str) -> None:
+    """One line per start to HPCDP_ZYGOTE_TRACE's file, if set: how often a server served."""
+    path = os.environ.get("HPCDP_ZYGOTE_TRACE")
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{outcome}\t{wanted['module'] or wanted['script']}\n")
 
 
 def stand_in(conn: socket.socket, pid: int) -> None:
