@@ -53,11 +53,15 @@ def import_time_env(env: dict[str, str]) -> dict[str, str]:
             if k.startswith(IMPORT_TIME_PREFIXES) and k not in REREAD}
 
 
-def refusal(request: dict, own_env: dict[str, str]) -> str | None:
-    """Why this server cannot stand for a fresh start of `request`, or None."""
+def refusal(request: dict, own_env: dict[str, str],
+            set_by_imports: dict[str, str]) -> str | None:
+    """Why this server cannot stand for a fresh start of `request`, or None. A value the
+    imports set themselves (a program started by a rank inherits it) is no difference."""
     if request.get("prefix") != os.path.realpath(sys.prefix):
         return f"another Python ({request.get('executable')})"
-    theirs, ours = import_time_env(request["env"]), import_time_env(own_env)
+    theirs = {k: v for k, v in import_time_env(request["env"]).items()
+              if set_by_imports.get(k) != v}
+    ours = import_time_env(own_env)
     if theirs != ours:
         keys = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
         return f"environment differs in {', '.join(keys)}"
@@ -67,8 +71,9 @@ def refusal(request: dict, own_env: dict[str, str]) -> str | None:
 class Server:
     """The accept-and-reap loop: single-threaded, so every fork is a clean copy."""
 
-    def __init__(self, path: str, own_env: dict[str, str]) -> None:
-        self.own_env = own_env
+    def __init__(self, path: str, own_env: dict[str, str],
+                 set_by_imports: dict[str, str]) -> None:
+        self.own_env, self.set_by_imports = own_env, set_by_imports
         self.parent = os.getppid()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.listener.bind(path + ".new")
@@ -103,7 +108,7 @@ class Server:
         try:
             data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             request = json.loads(data)
-            why = refusal(request, self.own_env)
+            why = refusal(request, self.own_env, self.set_by_imports)
             if why or len(fds) != 3:
                 conn.send(json.dumps({"refused": why or "no streams"}).encode())
                 conn.close()
@@ -214,7 +219,7 @@ def main(path: str) -> int:
     for name in PRELOAD:
         importlib.import_module(name)
     set_by_imports = {k: v for k, v in os.environ.items() if k not in before}
-    request = Server(path, before).serve()
+    request = Server(path, before, set_by_imports).serve()
     if request is None:
         return 0
     become(request, set_by_imports)

@@ -10,6 +10,7 @@ returns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -103,10 +104,8 @@ def trace(wanted: dict, outcome: str) -> None:
 def stand_in(conn: socket.socket, pid: int) -> None:
     """Be the fork's process for the launcher: pass signals on, end as it ends."""
     def forward(sig: int, _frame: object) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
