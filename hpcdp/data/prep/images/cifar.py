@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdp.data.prep import samples
 from hpcdp.data.prep.arrays import Source, SourceError
 from hpcdp.data.prep.bounded import shown
 from hpcdp.data.prep.images.stats import channel_stats, integer_sums
@@ -397,3 +398,24 @@ def cifar(path: str, labels: str = "fine") -> list[Source]:
     params = {"dataset": b.kind, "labels": labels if b.kind == "cifar100" else "label"}
     return [_Split("train", b.train_x, b.train_y, params, attrs),
             _Split("val", b.val_x, b.val_y, params, attrs)]
+
+
+@dataclass(frozen=True)
+class Archive:
+    """What the CIFAR recipe's splits are made from."""
+
+    archive: str
+    labels: str
+
+
+def _options(p: Any) -> None:
+    p.add_argument("--archive", required=True, help="the .tar.gz as published")
+    p.add_argument("--labels", choices=("fine", "coarse"), default="fine",
+                   help="CIFAR-100: which label becomes y (CIFAR-10 has one)")
+
+
+RECIPE = samples.recipe(
+    "cifar", "a CIFAR-10/100 archive (binary or python version) -> train.h5, val.h5 (uint8 "
+    "3x32x32, class names, channel mean/std)", _options,
+    lambda args: Archive(args.archive, args.labels),
+    lambda made, seed: cifar(made.archive, made.labels), lambda made: [made.archive])
