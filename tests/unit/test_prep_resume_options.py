@@ -74,6 +74,16 @@ def _arrays(d: Path) -> Case:
                 [["--x-key", "z"]], d / "xy.npz")
 
 
+def _npz(d: Path) -> Case:
+    rng = np.random.default_rng(0)
+    np.savez_compressed(d / "a.npz", x=rng.integers(0, 256, (200, 4, 4), dtype=np.uint8),
+                        y=np.arange(200) % 3, z=np.arange(200) % 5)
+    np.savez(d / "b.npz", x=rng.integers(0, 256, (100, 4, 4), dtype=np.uint8),
+             y=np.arange(100) % 3, z=np.arange(100) % 5)
+    return Case(["--files", str(d / "*.npz"), "--chunk-mib", "0.001", "--block-mib", "0.002"],
+                [["--y-key", "z"]], d / "b.npz")
+
+
 def _cifar(d: Path) -> Case:
     _, python = cifar100_archives(d)
     return Case(["--archive", str(python), "--block-mib", "0.02"], [["--labels", "coarse"]],
@@ -116,6 +126,7 @@ def _criteo(d: Path) -> Case:
 RECIPES: dict[str, Callable[[Path], Case]] = {
     "arrays": _arrays, "digits": _digits, "cifar": _cifar, "synthetic": _synthetic,
     "markov": _markov, "clicks": _clicks, "images": _images, "text": _text, "criteo": _criteo,
+    "npz": _npz,
 }
 
 

@@ -31,6 +31,7 @@ RECIPES: dict[str, tuple[str, str]] = {
              "text, JSON Lines or Parquet corpora -> token files (bytes, BPE, tokenizer.json)"),
     "criteo": ("hpcdp.data.prep.clicks.criteo_recipe",
                "Criteo click logs (plain or .gz) -> train.h5, val.h5 for the recsys task"),
+    "npz": ("hpcdp.data.prep.npz", "NumPy .npz archives or folders of .npy shards -> SPLIT.h5"),
 }
 #: The samples recipes of small inputs, kept at hand.
 SAMPLES: dict[str, Recipe] = {r.name: r for r in (samples.DIGITS, samples.SYNTHETIC,
