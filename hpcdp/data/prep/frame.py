@@ -8,8 +8,9 @@ so memory is bounded by a block and a killed run resumes from its completed bloc
 final files are written from the parts in block order (`merge`), each renamed into place
 once every rank is done, so a failed run (`EXIT_WRITE_FAILED`) never replaces a good file;
 a rank that fails mid-write aborts the job instead of leaving the others waiting in a
-collective; rank 0 reports progress (`progress`). `run` is that frame; beside it are the
-output checks and the options every recipe shares.
+collective; rank 0 reports progress (`progress`). `main` is that frame for a recipe value
+(`recipe.Recipe`); beside it are the output checks and the options every recipe shares,
+and `run`, the frame of the recipes that still parse their own command line.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import numpy as np
 from hpcdp.data.format.samples import CHUNK_BYTES, chunk_rows, label_chunk_rows, slab_rows
 from hpcdp.data.prep import arrays as src
 from hpcdp.data.prep import frame
-from hpcdp.data.prep.blocks import DEFAULT_BLOCK_BYTES, items_per_block, plan_items
+from hpcdp.data.prep.blocks import items_per_block, plan_items
 from hpcdp.data.prep.merge import root_attrs
 from hpcdp.data.prep.recipe import SAME_BYTES, Recipe, Split
 from hpcdp.data.prep.world import PrepError
@@ -47,25 +47,20 @@ REFUSAL = ("{first} already exists; pass --overwrite to replace it (the old file
 
 
 @dataclass(frozen=True)
-class WriteOptions:
-    x_name: str = "x"
-    y_name: str | None = "y"
-    compression: str = "none"
-    chunk_bytes: int = CHUNK_BYTES
-    seed: int = 0
-    source_name: str = ""
-    collective: bool = field(default=False, metadata=SAME_BYTES)
-    block_bytes: int = DEFAULT_BLOCK_BYTES
-
-
-@dataclass(frozen=True)
 class Inputs:
     """The checked options: the writer's, the format's own (`made`) and the splits they
     open (which follow from those, so the fingerprint leaves them out)."""
 
-    opts: WriteOptions
+    x_name: str
+    y_name: str | None
+    compression: str
+    chunk_bytes: int
+    seed: int
+    source_name: str
+    block_bytes: int
     made: Any
     sources: list[src.Source] = field(metadata=SAME_BYTES)
+    collective: bool = field(default=False, metadata=SAME_BYTES)
     report: str | None = field(default=None, metadata=SAME_BYTES)
 
 
@@ -95,23 +90,6 @@ def check_name(flag: str, name: str) -> None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         raise PrepError(f"{flag} {name!r}: not valid UTF-8 text") from None
-
-
-def write_options(args: argparse.Namespace, recipe: str) -> WriteOptions:
-    """The writer's options from the command line; `PrepError` names a bad one."""
-    if not (math.isfinite(args.chunk_mib) and 0 < args.chunk_mib * 2**20 <= src.MAX_SAMPLE_BYTES):
-        raise PrepError(f"--chunk-mib {args.chunk_mib}: expected a size in MiB above 0 and "
-                        "below 4096 (HDF5's chunk limit)")
-    check_name("--x-name", args.x_name)
-    if args.y_name:
-        check_name("--y-name", args.y_name)
-    if args.x_name == args.y_name:
-        raise PrepError(f"--x-name and --y-name are both {args.x_name!r}")
-    return WriteOptions(x_name=args.x_name, y_name=args.y_name or None,
-                        compression=args.compression,
-                        chunk_bytes=max(1, int(args.chunk_mib * 2**20)), seed=args.seed,
-                        source_name=recipe, collective=args.mpio == "collective",
-                        block_bytes=frame.block_bytes(args.block_mib))
 
 
 def _nearest_folder(path: str) -> str:
@@ -145,20 +123,31 @@ def check_report(report: str | None) -> None:
 
 def _check(name: str, made: Callable[[argparse.Namespace], Any],
            sources: Callable[[Any, int], list[src.Source]], args: argparse.Namespace) -> Inputs:
-    opts = write_options(args, name)
+    """Every check of the options and inputs, on this rank; `PrepError` names a bad one."""
+    if not (math.isfinite(args.chunk_mib) and 0 < args.chunk_mib * 2**20 <= src.MAX_SAMPLE_BYTES):
+        raise PrepError(f"--chunk-mib {args.chunk_mib}: expected a size in MiB above 0 and "
+                        "below 4096 (HDF5's chunk limit)")
+    check_name("--x-name", args.x_name)
+    if args.y_name:
+        check_name("--y-name", args.y_name)
+    if args.x_name == args.y_name:
+        raise PrepError(f"--x-name and --y-name are both {args.x_name!r}")
+    block_bytes = frame.block_bytes(args.block_mib)
     checked = made(args)
-    if not 0 <= opts.seed < 2**63:
-        raise src.SourceError(f"--seed must be in [0, 2**63), got {opts.seed}")
-    opened = sources(checked, opts.seed)
+    if not 0 <= args.seed < 2**63:
+        raise src.SourceError(f"--seed must be in [0, 2**63), got {args.seed}")
+    opened = sources(checked, args.seed)
     for source in opened:
         src.check_sample_bytes(source.sample_shape, source.dtype, f"split {source.name}")
-    check_space(args.out, opened, opts.compression)
+    check_space(args.out, opened, args.compression)
     check_report(args.report)
-    return Inputs(opts, checked, opened, args.report)
+    return Inputs(args.x_name, args.y_name or None, args.compression,
+                  max(1, int(args.chunk_mib * 2**20)), args.seed, name, block_bytes, checked,
+                  opened, args.mpio == "collective", args.report)
 
 
 def _chunk(inputs: Inputs, source: src.Source) -> int:
-    return chunk_rows(source.sample_bytes, source.num_samples, inputs.opts.chunk_bytes)
+    return chunk_rows(source.sample_bytes, source.num_samples, inputs.chunk_bytes)
 
 
 def splits(inputs: Inputs) -> list[Split]:
@@ -167,32 +156,32 @@ def splits(inputs: Inputs) -> list[Split]:
     for s in inputs.sources:
         chunk = _chunk(inputs, s)
         blocks = plan_items(s.num_samples, items_per_block(
-            s.sample_bytes, inputs.opts.block_bytes, s.num_samples, unit=chunk))
+            s.sample_bytes, inputs.block_bytes, s.num_samples, unit=chunk))
         out.append(Split(s.name, blocks, "samples", "samples", slab_rows(chunk, s.sample_bytes),
-                         "samples", serial=inputs.opts.compression != "none",
-                         collective=inputs.opts.collective, source=s))
+                         "samples", serial=inputs.compression != "none",
+                         collective=inputs.collective, source=s))
     return out
 
 
 def read_block(inputs: Inputs, split: Split, block: range) -> dict[str, np.ndarray]:
     """A block's samples (and labels) as a part's arrays."""
     xs, ys = split.source.slab(block.start, block.stop)
-    return {"x": xs, **({"y": ys} if inputs.opts.y_name and split.source.has_labels else {})}
+    return {"x": xs, **({"y": ys} if inputs.y_name and split.source.has_labels else {})}
 
 
 def datasets(inputs: Inputs, split: Split, f: Any, totals: dict[str, int],
              tally: Any) -> dict[str, Any]:
     """The datasets (by their part names, x and y) of a new file."""
-    opts, source, chunk = inputs.opts, split.source, _chunk(inputs, split.source)
+    source, chunk = split.source, _chunk(inputs, split.source)
     comp: dict[str, Any] = {}
-    if opts.compression != "none":
-        comp = {"compression": opts.compression, "shuffle": opts.compression == "gzip"}
+    if inputs.compression != "none":
+        comp = {"compression": inputs.compression, "shuffle": inputs.compression == "gzip"}
     dsets = {"x": f.create_dataset(
-        opts.x_name, shape=(source.num_samples, *source.sample_shape), dtype=source.dtype,
+        inputs.x_name, shape=(source.num_samples, *source.sample_shape), dtype=source.dtype,
         chunks=(chunk, *source.sample_shape), fill_time="never", **comp)}
-    if opts.y_name and source.has_labels:
+    if inputs.y_name and source.has_labels:
         dsets["y"] = f.create_dataset(
-            opts.y_name, shape=(source.num_samples,), dtype=np.int64,
+            inputs.y_name, shape=(source.num_samples,), dtype=np.int64,
             chunks=(label_chunk_rows(chunk, source.num_samples),), fill_time="never", **comp)
     return dsets
 
@@ -200,13 +189,13 @@ def datasets(inputs: Inputs, split: Split, f: Any, totals: dict[str, int],
 def attributes(inputs: Inputs, split: Split, totals: dict[str, int],
                tally: Any) -> dict[str, Any]:
     """Root attributes: what is in the file and how it was made."""
-    source, opts = split.source, inputs.opts
-    schema = {opts.x_name: {"shape": [source.num_samples, *source.sample_shape],
+    source = split.source
+    schema = {inputs.x_name: {"shape": [source.num_samples, *source.sample_shape],
                             "dtype": str(source.dtype)}}
-    if opts.y_name and source.has_labels:
-        schema[opts.y_name] = {"shape": [source.num_samples], "dtype": "int64"}
-    return root_attrs(schema, source.num_samples, opts.source_name, source.name,
-                      source.params, opts.seed, source.attrs)
+    if inputs.y_name and source.has_labels:
+        schema[inputs.y_name] = {"shape": [source.num_samples], "dtype": "int64"}
+    return root_attrs(schema, source.num_samples, inputs.source_name, source.name,
+                      source.params, inputs.seed, source.attrs)
 
 
 def summary(inputs: Inputs, written: list[str], seconds: float, ranks: int) -> None:
