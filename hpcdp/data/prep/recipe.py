@@ -119,5 +119,9 @@ class Run:
     out: str
     parts: Any  # `parts.Parts`, opened for this run
     comm: Any
-    save: Callable[[Split], range] = field(repr=False)  # collective: the parts; mine
-    write: Callable[[Split, range], str] = field(repr=False)  # collective: the file
+    #: Collective: ``save(split)`` saves this rank's blocks of `split` as parts
+    #: (``recipe.read_block``, those already saved skipped) and returns them (`mine`).
+    save: Callable[[Split], range] = field(repr=False)
+    #: Collective: ``write(split, mine[, tally])`` writes OUT/SPLIT.h5 from every rank's
+    #: parts of `split` (``recipe.tally`` when `tally` is not given) and returns its path.
+    write: Callable[..., str] = field(repr=False)
