@@ -36,8 +36,9 @@ WORK_DIR = ".hpcdp-prep"
 FINGERPRINT = "fingerprint.json"
 #: Each part's record of its arrays' lengths, written last.
 META = "meta.json"
-#: What `merge.replacing` names a file while it is written.
-_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}")
+#: What `merge.replacing` names a file while it is written, and what the MPI-IO library
+#: may make beside it (Open MPI's ``NAME.locktest.N``, left when the job is killed).
+_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}(\.locktest\.[0-9]+)?")
 
 
 def work_dir(out_dir: str) -> str:
