@@ -139,8 +139,9 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None) -> int:
 
 
 def parser(recipe: Recipe) -> argparse.ArgumentParser:
-    """The recipe's command line: the common options and its own."""
-    p = argparse.ArgumentParser(prog=recipe.says, description=recipe.description or recipe.help,
+    """The recipe's command line (``hpcdp prep NAME``): the common options and its own."""
+    p = argparse.ArgumentParser(prog=f"hpcdp prep {recipe.name}",
+                                description=recipe.description or recipe.help,
                                 epilog=recipe.epilog)
     p.add_argument("--out", required=True,
                    help="output folder (one NAME.h5 per split); a file already there is an "
