@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -66,6 +67,17 @@ def _objects_compressed(d: Path) -> tuple[list[str], str]:
                                                   "cannot be prepared")
 
 
+def _damaged(d: Path) -> tuple[list[str], str]:
+    np.savez_compressed(d / "a.npz", x=np.zeros((4000, 2)), y=np.arange(4000) % 3)
+    data = bytearray((d / "a.npz").read_bytes())
+    with zipfile.ZipFile(d / "a.npz") as zf:
+        y = zf.getinfo("y.npy")
+    middle = y.header_offset + 30 + len(y.filename) + len(y.extra) + y.compress_size - 24
+    data[middle : middle + 16] = bytes(16)  # the labels' last deflated bytes
+    (d / "a.npz").write_bytes(bytes(data))
+    return [str(d / "a.npz")], f"{d / 'a.npz'}: not a readable .npz archive"
+
+
 def _other_shape(d: Path) -> tuple[list[str], str]:
     np.savez(d / "a.npz", x=np.zeros((4, 2)), y=np.zeros(4, int))
     (d / "b").mkdir()
@@ -75,7 +87,7 @@ def _other_shape(d: Path) -> tuple[list[str], str]:
 
 
 @pytest.mark.parametrize("bad", [_missing, _lengths, _objects, _objects_compressed,
-                                 _other_shape])
+                                 _damaged, _other_shape])
 def test_bad_input_exits_2_naming_the_file(tmp_path: Path, capsys, bad) -> None:
     (tmp_path / "in").mkdir()
     files, problem = bad(tmp_path / "in")

@@ -270,7 +270,7 @@ def read_npy_header(fh: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype
             )
     except SourceError:
         raise
-    except (ValueError, EOFError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any malformed header (a literal parsed) is bad input
         raise SourceError(f"{name}: damaged .npy header: {exc}") from exc
     if any(d < 0 for d in shape):
         raise SourceError(f"{name}: damaged .npy header: negative shape {shape}")

@@ -15,6 +15,7 @@ import glob
 import math
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ import numpy as np
 
 from hpcdp.data.prep import arrays, samples
 from hpcdp.data.prep.arrays import Source, SourceError
+
+BAD_ZIP = (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError, zlib.error)
 
 
 @dataclass(frozen=True)
@@ -50,33 +53,38 @@ def _shards(args: Any) -> Shards:
 
 
 class _Deflated:
-    """A compressed .npz member, read a slice of rows at a time (`arrays.load_array` maps
-    the others in place)."""
+    """A compressed .npz member, read a slice of rows at a time (others are mapped)."""
 
     def __init__(self, shard: str, info: zipfile.ZipInfo) -> None:
         self.shard, self.info, where = shard, info, f"{shard}: array {info.filename[:-4]!r}"
         with zipfile.ZipFile(shard) as zf, zf.open(info) as fh:
             self.shape, fortran, self.dtype, self.offset = arrays.read_npy_header(fh, where)
         arrays.check_npy(where, self.dtype, self.shape, fortran, self.offset, info.file_size)
-        self.ndim = len(self.shape)
 
     def __getitem__(self, rows: slice) -> np.ndarray:
         a, b, _ = rows.indices(self.shape[0])
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
-        with zipfile.ZipFile(self.shard) as zf, zf.open(self.info) as fh:
-            fh.seek(self.offset + a * row)  # decompresses up to row a, a bounded read at a time
-            return np.frombuffer(fh.read((b - a) * row), self.dtype).reshape(-1, *self.shape[1:])
+        try:
+            with zipfile.ZipFile(self.shard) as zf, zf.open(self.info) as fh:
+                fh.seek(self.offset + a * row)  # decompressed up to row a, a bounded read at a time
+                got = fh.read((b - a) * row)
+        except BAD_ZIP as exc:
+            raise SourceError(f"{self.shard}: not a readable .npz archive: {exc}") from None
+        return np.frombuffer(got, self.dtype).reshape(-1, *self.shape[1:])
 
 
 def _array(shard: str, key: str) -> Any:
     """Array `key` of `shard`, its header checked; nothing of its rows read yet."""
     if os.path.isdir(shard):
         return arrays.load_array(os.path.join(shard, f"{key}.npy"), None)
-    if shard.endswith(".npz") and zipfile.is_zipfile(shard):
-        with zipfile.ZipFile(shard) as zf:
-            info = next((i for i in zf.infolist() if i.filename == f"{key}.npy"), None)
-        if info is not None and info.compress_type != zipfile.ZIP_STORED:
-            return _Deflated(shard, info)
+    try:
+        if shard.endswith(".npz") and zipfile.is_zipfile(shard):
+            with zipfile.ZipFile(shard) as zf:
+                info = next((i for i in zf.infolist() if i.filename == f"{key}.npy"), None)
+            if info is not None and info.compress_type != zipfile.ZIP_STORED:
+                return _Deflated(shard, info)
+    except BAD_ZIP as exc:
+        raise SourceError(f"{shard}: not a readable .npz archive: {exc}") from None
     return arrays.load_array(shard, key)
 
 
@@ -84,10 +92,11 @@ class NpzShards(Source):
     """The shards' samples one after another; a slab reads the shards it spans."""
 
     def __init__(self, made: Shards) -> None:
+        samples.check_name("--split", made.split)
         self.x = [_array(f, made.x_key) for f in made.files]
         shape, dtype = self.x[0].shape[1:], self.x[0].dtype
         for f, x in zip(made.files, self.x):
-            if x.ndim < 1 or x.shape[1:] != shape or x.dtype != dtype or dtype.kind not in "buif":
+            if not x.shape or x.shape[1:] != shape or x.dtype != dtype or dtype.kind not in "buif":
                 raise SourceError(f"{f}: {made.x_key!r} is {x.shape} {x.dtype}; every shard needs "
                                   f"numeric samples of the first's shape {shape} and {dtype}")
         self.y = [_array(f, made.y_key) for f in made.files] if made.y_key else []
@@ -110,11 +119,6 @@ class NpzShards(Source):
         return np.concatenate(xs), np.concatenate(ys) if ys else None
 
 
-def _sources(made: Shards, seed: int) -> list[Source]:
-    samples.check_name("--split", made.split)
-    return [NpzShards(made)]
-
-
 def _files(made: Shards) -> list[str]:  # each archive, or each array of a folder
     return [p for f in made.files for p in ([os.path.join(f, f"{k}.npy") for k in
             (made.x_key, made.y_key) if k] if os.path.isdir(f) else [f])]
@@ -122,4 +126,4 @@ def _files(made: Shards) -> list[str]:  # each archive, or each array of a folde
 
 RECIPE = samples.recipe(
     "npz", "NumPy .npz archives or folders of .npy shards -> SPLIT.h5 (x, y)", _options,
-    _shards, _sources, _files)
+    _shards, lambda made, seed: [NpzShards(made)], _files)
