@@ -18,16 +18,18 @@ through the preparation frame (`hpcdp.data.prep.frame`, `blocks`, `parts`):
    from the vocabulary of the values seen at least ``--min-count`` times in the training
    rows, counted on owner ranks (`hpcdp.data.prep.clicks.criteo_vocab`: each rank holds
    about 1/P of the distinct values), then a second pass over the parts asks the owners
-   for the ids of each block's distinct values.
+   for the ids of each block's distinct values, saved beside the block's part.
 3. The final files hold the blocks' rows in file and block order (prefix sums of the
-   rows per block), so 1 and N ranks write the same files, each under a temporary name
+   rows per block, the clicks and skipped lines tallied with each part summed in the
+   same all-gather), so 1 and N ranks write the same files, each under a temporary name
    renamed when complete; nothing is replaced without ``--overwrite``.
 
+Each line is parsed once, and no part is read again but to make its ids or to be copied.
 A rank holds about one block of input and its rows (and its share of the vocabulary),
 whatever the size of the logs. The cost: the rows are written twice (parts, then the
-final files; with a vocabulary the parts once more with their ids), and until the end
-the work folder holds the parts (about the output's size; twice with a vocabulary) and
-the chunks inflated but not yet parsed. A killed run continues from its completed blocks
+final files; with a vocabulary the ids twice too), and until the end the work folder
+holds the parts (about the output's size; with a vocabulary also each block's values
+and ids) and the chunks inflated but not yet parsed. A killed run continues from its completed blocks
 with ``--resume`` (a gzip file inflated again up to them, unless it was inflated whole;
 and from the counted vocabulary if the number of ranks is the same).
 """
@@ -54,10 +56,10 @@ from hpcdp.data.prep.clicks import criteo as cr
 from hpcdp.data.prep.clicks import criteo_blocks as cb
 from hpcdp.data.prep.clicks import criteo_schedule as cs
 from hpcdp.data.prep.clicks import criteo_vocab as cv
-from hpcdp.data.prep.merge import root_attrs, write_parts
-from hpcdp.data.prep.parts import Numbered, Parts, fingerprint
+from hpcdp.data.prep.merge import PartLayout, part_layout, root_attrs, write_parts
+from hpcdp.data.prep.parts import Parts, fingerprint
 from hpcdp.data.prep.progress import Progress
-from hpcdp.data.prep.world import PrepError, allreduce, check_world, world
+from hpcdp.data.prep.world import PrepError, check_world, world
 from hpcdp.runtime.crash import report_crashes
 
 PROG = "datasets/criteo.py"
@@ -159,9 +161,11 @@ def gzip_state(split: str, pos: int) -> str:
     return f"gzip-{split}-{pos:05d}"
 
 
-def parsed_part(split: str, inputs: Inputs) -> str:
-    """The parts a block is parsed into: final with hashed ids, raw with a vocabulary."""
-    return f"{split}-raw" if inputs.rule.buckets is None else split
+def part_names(split: str, inputs: Inputs) -> tuple[str, ...]:
+    """The parts whose arrays are a block's rows: with hashed ids the one it is parsed into;
+    with a vocabulary the one it is parsed into (its values encoded, ``SPLIT-raw``) and its
+    ids, made once the vocabulary is known (``SPLIT-ids``)."""
+    return (split,) if inputs.rule.buckets is not None else (f"{split}-raw", f"{split}-ids")
 
 
 def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Unit], list[int]]:
@@ -254,7 +258,7 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
     if pos not in inflaters:
         inflaters[pos] = cb.Inflater(path, inputs.block_bytes)
     inflater = inflaters[pos]
-    part = parsed_part(split, inputs)
+    part = part_names(split, inputs)[0]
     report = Round()
     took = 0.0  # seconds the last block took
     while not inflater.finished and (not report.units or time.monotonic() + took / 2 <= until):
@@ -281,10 +285,11 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
 def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: bool
                 ) -> cv.BlockValues | None:
     """Block `unit` parsed into its part (hashed ids: the final part; a vocabulary: its
-    values encoded (`criteo_vocab.BlockValues`), ``split-raw``); those values when
-    `counting` (from the part if there). A chunk file goes once its part is saved."""
+    values encoded (`criteo_vocab.BlockValues`), ``split-raw``), its clicks and skipped
+    lines tallied with it; those values when `counting` (from the part if there). A chunk
+    file goes once its part is saved."""
     vocab = inputs.rule.buckets is None
-    name = parsed_part(split, inputs)
+    name = part_names(split, inputs)[0]
     if parts.done(name, unit.key):
         return cv.BlockValues.from_arrays(parts.load(name, unit.key)) if counting else None
     buckets = int(inputs.rule.buckets or 0)
@@ -299,16 +304,18 @@ def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: 
     except OSError as exc:  # reading (saving the part below is not bad input)
         raise cr.CriteoError(f"{unit.name}: cannot be read: {exc}") from None
     arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
-              "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
+              "label": _join(label, (), np.uint8)}
+    tally = {"clicks": int(np.sum(arrays["label"], dtype=np.int64)), "skipped": skipped}
     values = None
     if vocab:  # the values field by field, the pieces let go before they are encoded
         by_field = np.concatenate([v.T for v in ids], axis=1) if ids else np.zeros(
             (cr.CATEGORICAL, 0), np.int64)
         ids.clear()
         values = cv.BlockValues.encode(by_field)
-        parts.save(name, unit.key, **arrays, **values.arrays())
+        parts.save(name, unit.key, tally, **arrays, **values.arrays())
     else:
-        parts.save(name, unit.key, **arrays, sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
+        parts.save(name, unit.key, tally, **arrays,
+                   sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
     if unit.first_line is not None and os.path.exists(unit.path):
         os.remove(unit.path)  # a chunk, parsed
     return values if counting else None
@@ -345,27 +352,27 @@ def vocabulary(inputs: Inputs, parts: Parts, progress: Any, comm: Any
     return keys, shard
 
 
-def map_split(split: str, blocks: Numbered, shard: cv.Shard, comm: Any) -> None:
-    """Collective: each of this rank's raw parts of `split` saved again with the ids its
-    values have in the vocabulary (asked of the owners, one round of blocks at a time)."""
-    n_blocks = len(blocks)
-    mine = rank_blocks(n_blocks, comm.rank, comm.size)
-    rounds = max(len(rank_blocks(n_blocks, r, comm.size)) for r in range(comm.size))
-    for k in range(rounds):
-        index = mine[k] if k < len(mine) and not blocks.done(split, mine[k]) else None
-        raw = blocks.load(f"{split}-raw", index) if index is not None else None
+def map_split(split: str, keys: Sequence[int], inputs: Inputs, shard: cv.Shard, parts: Parts,
+              comm: Any) -> None:
+    """Collective: the ids of the values of each of this rank's raw parts of `split` (keys
+    `keys`, rounds over ranks as `rank_blocks`) asked of their owners, one round of blocks
+    at a time, and saved beside them (``SPLIT-ids``)."""
+    raw_name, ids_name = part_names(split, inputs)
+    mine = [keys[i] for i in rank_blocks(len(keys), comm.rank, comm.size)]
+    for k in range(-(-len(keys) // comm.size)):  # every rank's number of rounds
+        key = mine[k] if k < len(mine) and not parts.done(ids_name, mine[k]) else None
+        raw = parts.load(raw_name, key) if key is not None else None
         # collective: the values' ids asked of their owners, and their questions answered
         ids = cv.ask_ids(comm, cv.BlockValues.from_arrays(raw) if raw else None, shard)
-        if raw is not None:
-            blocks.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
-                        skipped=raw["skipped"])
+        if key is not None:
+            parts.save(ids_name, key, sparse=ids)
 
 
 # -- writing ----------------------------------------------------------------------------
 
 
-def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skipped: int,
-                clicks: int) -> dict[str, Any]:
+def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs,
+                tally: dict[str, int]) -> dict[str, Any]:
     schema = {"dense": {"shape": [n, cr.DENSE], "dtype": "float32"},
               "sparse": {"shape": [n, cr.CATEGORICAL], "dtype": "int32"},
               "label": {"shape": [n], "dtype": "uint8"}}
@@ -376,25 +383,15 @@ def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skippe
         "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
         "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
         "dense_rule": "log(1 + max(count, 0)); empty as 0",
-        "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()})
+        "click_rate": tally.get("clicks", 0) / n, "skipped_rows": tally.get("skipped", 0),
+        **inputs.rule.describe()})
 
 
-def split_totals(split: str, blocks: Numbered, comm: Any) -> tuple[int, int, int]:
-    """Collective: (rows, clicks, bad lines skipped) of every rank's parts of `split`."""
-    rows = clicks = skipped = 0
-    for i in rank_blocks(len(blocks), comm.rank, comm.size):
-        part = blocks.load(split, i)
-        rows += len(part["label"])
-        clicks += int(np.sum(part["label"], dtype=np.int64))
-        skipped += int(part["skipped"][0])
-    return tuple(allreduce(comm, x) for x in (rows, clicks, skipped))  # type: ignore
-
-
-def write_split(out: str, split: str, blocks: Numbered, totals: tuple[int, int, int],
+def write_split(out: str, split: str, parts: Parts, mine: Sequence[int], layout: PartLayout,
                 sizes: Sequence[int], inputs: Inputs, comm: Any) -> str:
-    """Collective: OUT/SPLIT.h5 from every rank's parts, in block order; its path."""
-    n, clicks, skipped = totals
-    chunk = samples.chunk_rows(ROW_BYTES, n)
+    """Collective: OUT/SPLIT.h5 from every rank's parts (this rank's: `mine`) in key order,
+    as `layout` places them; its path."""
+    chunk = samples.chunk_rows(ROW_BYTES, layout.totals["label"])
 
     def datasets(f: Any, total: int) -> dict[str, Any]:
         dsets = {name: f.create_dataset(name, shape=(total, *tail), dtype=dtype,
@@ -402,13 +399,13 @@ def write_split(out: str, split: str, blocks: Numbered, totals: tuple[int, int, 
                  for name, tail, dtype in (("dense", (cr.DENSE,), np.float32),
                                            ("sparse", (cr.CATEGORICAL,), np.int32),
                                            ("label", (), np.uint8))}
-        for key, value in split_attrs(split, total, sizes, inputs, skipped, clicks).items():
+        for key, value in split_attrs(split, total, sizes, inputs, layout.tally).items():
             f.attrs[key] = value
         return dsets
 
     final = os.path.join(out, f"{split}.h5")
-    write_parts(final, blocks, split, rank_blocks(len(blocks), comm.rank, comm.size),
-                datasets, comm, SLAB_ROWS)
+    write_parts(final, parts, part_names(split, inputs), mine, datasets, comm, SLAB_ROWS,
+                layout=layout)
     return final
 
 
@@ -427,17 +424,18 @@ def write(args: argparse.Namespace, inputs: Inputs, comm: Any) -> list[str]:
                 sizes = list(shard.table_sizes)
         finally:
             progress.close()
-        blocks = {split: Numbered(parts, keys[split]) for split in SPLITS}
         if inputs.rule.buckets is None:
             for split in SPLITS:
-                map_split(split, blocks[split], shard, comm)
-        totals = {s: split_totals(s, blocks[s], comm) for s in SPLITS}
+                map_split(split, keys[split], inputs, shard, parts, comm)
+        mine = {s: [keys[s][i] for i in rank_blocks(len(keys[s]), comm.rank, comm.size)]
+                for s in SPLITS}
+        layouts = {s: part_layout(parts, part_names(s, inputs), mine[s], comm) for s in SPLITS}
         for split in SPLITS:  # before any file is written
-            if totals[split][0] == 0:
+            if not layouts[split].totals.get("label"):
                 raise CriteoPrepError(f"{OPTION[split]}: no rows "
                                       f"({', '.join(inputs.files[split])})")
-        return [write_split(args.out, split, blocks[split], totals[split], sizes, inputs, comm)
-                for split in SPLITS]
+        return [write_split(args.out, s, parts, mine[s], layouts[s], sizes, inputs, comm)
+                for s in SPLITS]
 
 
 # -- command line ---------------------------------------------------------------------
