@@ -29,9 +29,9 @@ A rank holds about one block of input and its rows (and its share of the vocabul
 whatever the size of the logs. The cost: the rows are written twice (parts, then the
 final files; with a vocabulary the ids twice too), and until the end the work folder
 holds the parts (about the output's size; with a vocabulary also each block's values
-and ids) and the chunks inflated but not yet parsed. A killed run continues from its completed blocks
-with ``--resume`` (a gzip file inflated again up to them, unless it was inflated whole;
-and from the counted vocabulary if the number of ranks is the same).
+and ids) and the chunks inflated but not yet parsed. A killed run continues from its
+completed blocks with ``--resume`` (a gzip file inflated again up to them, unless it was
+inflated whole; and from the counted vocabulary if the number of ranks is the same).
 """
 
 from __future__ import annotations
