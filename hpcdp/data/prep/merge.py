@@ -133,19 +133,22 @@ def write_parts(path: str, parts: Parts, split: str | Sequence[str], blocks: Seq
 
 
 def _slabs(parts: Parts, split: str | Sequence[str], blocks: Sequence[int], slab_rows: int,
-           written: Iterable[str]) -> Iterator[Callable[[], tuple[int, int, dict[str, Any]]]]:
+           written: Iterable[str] | None = None
+           ) -> Iterator[Callable[[], tuple[int, int, dict[str, Any]]]]:
     """For each slab of `blocks`' parts, a function reading it: (block, first row in the
-    block, {array: its rows of the slab}), of the arrays `written` alone; the slabs are
-    counted before anything is read."""
-    names, written = _names(split), set(written)
+    block, {array: its rows of the slab}), of the arrays `written` alone (None: all); the
+    slabs are counted before anything is read."""
+    names = _names(split)
     for i in blocks:
         lengths = _lengths(parts, names, i)
-        n = max((lengths[k] for k in written if k in lengths), default=0)
+        keep = set(lengths if written is None else written)
+        n = max((lengths[k] for k in keep if k in lengths), default=0)
         for a in range(0, n, max(1, slab_rows)):
 
-            def read(i: int = i, a: int = a) -> tuple[int, int, dict[str, np.ndarray]]:
+            def read(i: int = i, a: int = a, keep: set[str] = keep
+                     ) -> tuple[int, int, dict[str, np.ndarray]]:
                 part = {k: v for name in names for k, v in parts.load(name, i).items()
-                        if k in written}
+                        if k in keep}
                 return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
 
             yield read
