@@ -164,8 +164,8 @@ def gzip_state(split: str, pos: int) -> str:
 def part_names(split: str, inputs: Inputs) -> tuple[str, ...]:
     """The parts whose arrays are a block's rows: with hashed ids the one it is parsed into;
     with a vocabulary the one it is parsed into (its values encoded, ``SPLIT-raw``) and its
-    ids, made once the vocabulary is known (``SPLIT-ids``)."""
-    return (split,) if inputs.rule.buckets is not None else (f"{split}-raw", f"{split}-ids")
+    ids, made once the vocabulary is known (``SPLIT``)."""
+    return (split,) if inputs.rule.buckets is not None else (f"{split}-raw", split)
 
 
 def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Unit], list[int]]:
@@ -356,7 +356,7 @@ def map_split(split: str, keys: Sequence[int], inputs: Inputs, shard: cv.Shard, 
               comm: Any) -> None:
     """Collective: the ids of the values of each of this rank's raw parts of `split` (keys
     `keys`, rounds over ranks as `rank_blocks`) asked of their owners, one round of blocks
-    at a time, and saved beside them (``SPLIT-ids``)."""
+    at a time, and saved beside them (``SPLIT``)."""
     raw_name, ids_name = part_names(split, inputs)
     mine = [keys[i] for i in rank_blocks(len(keys), comm.rank, comm.size)]
     for k in range(-(-len(keys) // comm.size)):  # every rank's number of rounds
