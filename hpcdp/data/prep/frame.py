@@ -188,10 +188,10 @@ def save_split(recipe: Recipe, inputs: Any, parts: Parts, split: Split, comm: An
 
 
 def write_split(recipe: Recipe, inputs: Any, out: str, parts: Parts, split: Split,
-                mine: range, comm: Any, tally: Any = _UNSET) -> str:
+                mine: Sequence[int], comm: Any, tally: Any = _UNSET) -> str:
     """Collective: OUT/SPLIT.h5 from every rank's parts of `split` (this rank's: `mine`),
     its datasets and attributes the recipe's; the path."""
-    layout = part_layout(parts, split.name, mine, comm)
+    layout = part_layout(parts, split.parts or split.name, mine, comm)
     if tally is _UNSET:
         tally = recipe.tally(inputs, split, parts, mine, comm)
 
@@ -209,7 +209,7 @@ def write_split(recipe: Recipe, inputs: Any, out: str, parts: Parts, split: Spli
         rows = layout.totals.get(next(iter(layout.totals), ""), 0)
         bar = Progress(comm, f"{split.name}: file", rows, split.file_unit, recipe.says)
     path = os.path.join(out, f"{split.name}.h5")
-    write_parts(path, parts, split.name, mine, create, comm, split.slab_rows,
+    write_parts(path, parts, split.parts or split.name, mine, create, comm, split.slab_rows,
                 serial=split.serial, progress=bar, layout=layout, shift=split.shift,
                 collective=split.collective)
     if bar is not None:

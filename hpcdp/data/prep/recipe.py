@@ -66,6 +66,9 @@ class Split:
     #: with 0) (`merge.write_parts`).
     shift: dict[str, tuple[str, int]] | None = None
     source: Any = None  # what the recipe reads this split from (a `arrays.Source`, ...)
+    #: The parts whose arrays together are a block's rows, when not the one of the split's
+    #: name (Criteo's rows parsed before its vocabulary, beside the ids made after it).
+    parts: tuple[str, ...] = ()
 
 
 def _no_files(inputs: Any) -> Sequence[str]:
