@@ -188,15 +188,23 @@ def test_the_bpe_sample_is_bounded_and_only_training_documents(tmp_path: Path) -
     assert whole == [t for g, t in enumerate(every) if not tp.is_val(g, 0.5)]
 
 
-@given(st.lists(st.integers(1, 40), max_size=60), st.integers(1, 64))
-def test_a_blocks_documents_are_copied_in_slabs_of_whole_documents(lengths, slab) -> None:
-    from hpcdp.data.prep.text.writer import doc_slabs
+@given(st.lists(st.tuples(st.integers(1, 40), st.booleans()), max_size=60),
+       st.integers(1, 70), st.integers(0, 70), st.booleans())
+def test_a_splits_tokens_are_gathered_slice_by_slice(docs, a, width, last) -> None:
+    from hpcdp.data.prep.text import writer as tw
 
-    lengths = np.array(lengths, np.int64)
-    pieces = doc_slabs(lengths, slab)
-    assert [i for a, z in pieces for i in range(a, z)] == list(range(len(lengths)))
-    for a, z in pieces:  # a slab crosses its bound by its last document at most
-        assert lengths[a : z - 1].sum() < slab or z - a == 1
+    lengths = np.array([n for n, _ in docs], np.int64)
+    keep = np.array([k for _, k in docs], bool)
+    tokens = np.arange(int(lengths.sum()), dtype=np.uint16)
+    kept = tw._Kept(lengths, keep, np.zeros(len(docs), np.uint16), last)
+    want = tokens[np.repeat(keep, lengths)]
+    a = min(a, len(want))
+    b = min(len(want), a + width)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tw, "GATHER_TOKENS", 7)  # several gathers a slice, cut anywhere
+        assert kept.gather(tokens, a, b).tolist() == want[a:b].tolist()
+    starts = np.cumsum(lengths[keep]) - lengths[keep]
+    assert kept.offsets.tolist() == [*starts.tolist(), *([len(want)] if last else [])]
 
 
 def test_the_tokenizer_library_gets_the_ranks_share_of_threads() -> None:

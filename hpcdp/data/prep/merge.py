@@ -72,7 +72,7 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
                 serial: bool = False, progress: Progress | None = None,
                 layout: PartLayout | None = None,
                 shift: dict[str, tuple[str, int]] | None = None,
-                collective: bool = False) -> int:
+                collective: bool = False, by_array: bool = False) -> int:
     """Collective: ``path`` from every rank's parts of `split` (this rank's: `blocks`), the
     blocks' rows in block order; the total rows (of the parts' first array).
 
@@ -86,8 +86,9 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
     other (document ends into tokens) and get that array's start in the block added, and
     its rows start that many rows lower (a leading 0 the callback writes). With `serial`
     (filtered datasets, which parallel HDF5 cannot write reliably) rank 0 opens the file
-    alone and copies every rank's parts. The file is written under a temporary name and
-    renamed when complete (`replacing`).
+    alone and copies every rank's parts. With `by_array`, each array of a block is copied
+    whole before the next (on one rank the chunks are laid out in that order). The file
+    is written under a temporary name and renamed when complete (`replacing`).
     """
     layout = layout or part_layout(parts, split, blocks, comm)
     shift = shift or {}
@@ -99,12 +100,13 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
 
                 with h5py.File(tmp, "w") as f:
                     dsets = datasets(f, layout.totals.get(first, 0))
-                    for read in _slabs(parts, split, range(len(layout.starts)), slab_rows):
+                    for read in _slabs(parts, split, range(len(layout.starts)), slab_rows,
+                                       by_array):
                         _put(dsets, read, layout, shift, progress, first, None)
         else:
             with create_h5(tmp, comm) as f:
                 dsets = datasets(f, layout.totals.get(first, 0))
-                mine = list(_slabs(parts, split, blocks, slab_rows))
+                mine = list(_slabs(parts, split, blocks, slab_rows, by_array))
                 rounds = allreduce(comm, len(mine), op="max")
                 for k in range(rounds):  # every rank writes every round, some nothing
                     read = mine[k] if k < len(mine) else None
@@ -112,19 +114,24 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
     return layout.totals.get(first, 0)
 
 
-def _slabs(parts: Parts | Numbered, split: str, blocks: Sequence[int], slab_rows: int
+def _slabs(parts: Parts | Numbered, split: str, blocks: Sequence[int], slab_rows: int,
+           by_array: bool = False
            ) -> Iterator[Callable[[], tuple[int, int, dict[str, np.ndarray]]]]:
     """For each slab of `blocks`' parts, a function reading it: (block, first row in the
-    block, {array: its rows of the slab}); the slabs are counted before anything is read."""
+    block, {array: its rows of the slab}: every array, or one with `by_array`); the slabs
+    are counted before anything is read."""
     for i in blocks:
-        n = max(parts.lengths(split, i).values(), default=0)
-        for a in range(0, n, max(1, slab_rows)):
+        lengths = parts.lengths(split, i)
+        for names in ([[k] for k in lengths] if by_array else [list(lengths)]):
+            n = max((lengths[k] for k in names), default=0)
+            for a in range(0, n, max(1, slab_rows)):
 
-            def read(i: int = i, a: int = a) -> tuple[int, int, dict[str, np.ndarray]]:
-                part = parts.load(split, i)
-                return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
+                def read(i: int = i, a: int = a, names: list[str] = names
+                         ) -> tuple[int, int, dict[str, np.ndarray]]:
+                    part = parts.load(split, i)
+                    return i, a, {k: np.asarray(part[k][a : a + slab_rows]) for k in names}
 
-            yield read
+                yield read
 
 
 def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayout,
@@ -146,7 +153,7 @@ def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayo
         else:
             mpio_write(dset, at, rows, collective)
     stall.mark()
-    if progress is not None and data:
+    if progress is not None and first in data:
         progress.advance(len(data[first]))
 
 

@@ -4,8 +4,8 @@
   of text, every k-th document of each block and training documents only, the same on
   any number of ranks (the rule below); gathered on rank 0, which trains.
 - `tokenize_blocks`: each block's documents read and tokenized a batch at a time into the
-  file's dtype and appended to its part (tokens, per-document lengths), which appears
-  whole when the block is done; a part already there (``--resume``) is kept.
+  file's dtype and appended to its part (tokens; each document's length and largest id),
+  which appears whole when the block is done; a part already there (``--resume``) is kept.
 - `block_docs`: every block's document count, from the parts, on every rank: block b's
   first document is the sum over the blocks before it, which decides the split.
 
@@ -28,10 +28,7 @@ from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text.corpus import Corpus
-from hpcdp.data.prep.text.writer import TokenPrepError
-
-#: The split name of the tokenized blocks in the work folder (both splits together).
-DOCS = "docs"
+from hpcdp.data.prep.text.writer import DOCS, TokenPrepError
 
 
 def val_mask(first: int, n: int, fraction: float) -> np.ndarray:
@@ -45,13 +42,15 @@ def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
                     tok: tz.Tokenizer, parts: Any, progress: Any) -> str | None:
     """Tokenize this rank's blocks into parts, a batch of documents at a time appended to
     the part as it is encoded; the first error, or None."""
-    dtypes = {"tokens": tk.token_dtype(tok.vocab_size), "lengths": np.int64}
+    dtype = tk.token_dtype(tok.vocab_size)
+    dtypes = {"tokens": dtype, "lengths": np.int64, "tops": dtype}
     for b in mine:
         if not parts.done(DOCS, b):
             try:
                 with parts.saving(DOCS, b, **dtypes) as part:
                     for tokens, lengths in tok.encode_batches(corpus.texts(blocks[b])):
-                        part.append(tokens=tokens, lengths=lengths)
+                        tops = np.maximum.reduceat(tokens, np.cumsum(lengths) - lengths)
+                        part.append(tokens=tokens, lengths=lengths, tops=tops)
                         stall.mark()  # a whole-file block is many batches
             except OSError as exc:  # e.g. a file removed since it was listed
                 return f"cannot read the corpus: {exc}"

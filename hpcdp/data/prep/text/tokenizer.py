@@ -73,20 +73,6 @@ class Tokenizer:
     json: str | None = None  # the tokenizer.json text (None for bytes)
     _hf: Any = None
 
-    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Each text's ids followed by the end-of-document id."""
-        dtype = tk.token_dtype(self.vocab_size)
-        if self._hf is None:
-            return [np.append(np.frombuffer(t.encode(), np.uint8), self.eod_id).astype(dtype)
-                    for t in texts]
-        out: list[np.ndarray] = []
-        for a in range(0, len(texts), ENCODE_BATCH):
-            encs = self._hf.encode_batch(list(texts[a : a + ENCODE_BATCH]),
-                                         add_special_tokens=False)
-            out += [np.append(np.asarray(e.ids, np.int64), self.eod_id).astype(dtype)
-                    for e in encs]
-        return out
-
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's ids, each followed by the end id, as one array of the file's
         dtype; and each document's token count. Converted batch by batch, so a block's
