@@ -36,8 +36,9 @@ WORK_DIR = ".hpcdp-prep"
 FINGERPRINT = "fingerprint.json"
 #: Each part's record of its arrays' lengths, written last.
 META = "meta.json"
-#: What `merge.replacing` names a file while it is written.
-_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}")
+#: What `merge.replacing` names a file while it is written, and what the MPI-IO library
+#: may make beside it (Open MPI's ``NAME.locktest.N``, left when the job is killed).
+_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}(\.locktest\.[0-9]+)?")
 
 
 def work_dir(out_dir: str) -> str:
@@ -45,13 +46,15 @@ def work_dir(out_dir: str) -> str:
 
 
 #: Metadata of a checked input's dataclass field that changes no byte of the output (the
-#: MPI-IO transfer mode): `fingerprint` leaves it out, so that a resume may change it.
+#: MPI-IO transfer mode), or that follows from the other fields (the sources they open):
+#: `fingerprint` leaves it out, so that a resume may change it.
 SAME_BYTES = {"same_bytes": True}
 
 
 def fingerprint(*inputs: Any, files: Iterable[str] = ()) -> dict[str, Any]:
     """What a resumed run must share with the run it continues: `inputs` (dataclasses, their
-    `SAME_BYTES` fields left out, or mappings; JSON values), the checked values the output
+    `SAME_BYTES` fields left out and the fields of a dataclass field merged in, or
+    mappings; JSON values), the checked values the output
     is made from, merged; and the size and modification time of each of `files` (as
     ``file PATH``), so that an input changed in between is refused too.
 
@@ -62,8 +65,12 @@ def fingerprint(*inputs: Any, files: Iterable[str] = ()) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for value in inputs:
         if dataclasses.is_dataclass(value):
-            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
-                     if not f.metadata.get("same_bytes")}
+            fields = [f for f in dataclasses.fields(value) if not f.metadata.get("same_bytes")]
+            value = {f.name: getattr(value, f.name) for f in fields}
+            for name, inner in list(value.items()):  # a dataclass field: its fields merged
+                if dataclasses.is_dataclass(inner):
+                    del value[name]
+                    found.update(fingerprint(inner))
         found.update(value)
     for path in files:
         stat = os.stat(path)
