@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -252,3 +253,25 @@ def test_a_bpe_trained_apart_is_the_bpe_trained_here() -> None:
     assert apart.json == here.json and apart.sha256 == here.sha256
     with pytest.raises(tz.TokenizerError, match="--vocab-size 5: a byte-level BPE needs"):
         tz.train_bpe_apart(texts, 5)
+
+
+def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(monkeypatch) -> None:
+    source = (Path(tz.__file__).read_text() + Path(tc.__file__).read_text()) * 3
+    tok = tz.train_bpe([source[i : i + 2000] for i in range(0, len(source), 2000)], 400)
+    assert tok.cuts_at_lines  # the BPE trained here may be cut at lines
+    odd = "a \u00a0b\x1c c\t\td\r\n e 's\n\n 12 (x)\u3000y z\n\n"
+    docs = [source, "short one", source[: len(source) // 2] + odd * 400, odd * 900]
+    monkeypatch.setattr(tz, "ENCODE_CHARS", 3000)
+    assert len(tz.pieces(source, 3000)) > 10
+    assert "".join(tz.pieces(source, 3000)) == source
+    cut_tokens, cut_lengths = tok.encode_flat(docs)
+    whole = dataclasses.replace(tok, cuts_at_lines=False)
+    tokens, lengths = whole.encode_flat(docs)
+    assert lengths.tolist() == cut_lengths.tolist()
+    assert tokens.tolist() == cut_tokens.tolist()
+    config = json.loads(tok.json)
+    assert not tz.cuts_at_lines({**config, "normalizer": {"type": "NFC"}})
+    assert not tz.cuts_at_lines({**config, "pre_tokenizer": {"type": "Metaspace"}})
+    assert not tz.cuts_at_lines({**config, "added_tokens": [{"content": "a\nb"}]})
+    assert not tz.cuts_at_lines({**config, "pre_tokenizer": {
+        **config["pre_tokenizer"], "add_prefix_space": True}})
