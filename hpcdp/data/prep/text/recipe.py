@@ -58,10 +58,9 @@ from hpcdp.data.prep.text.corpus import Corpus, expand_files
 from hpcdp.data.prep.world import raise_agreed, wait_quietly
 
 PROG = "datasets/text.py"
-MIB = 1 << 20
 #: Text a BPE is trained on at most, by default: rank 0 holds it and the library's counts
 #: of it, so it bounds that rank's memory whatever the corpus's size.
-DEFAULT_BPE_SAMPLE_BYTES = 256 * MIB
+DEFAULT_BPE_SAMPLE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)

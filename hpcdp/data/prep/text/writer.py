@@ -77,11 +77,8 @@ class _KeptTokens:
     def __init__(self, tokens: np.ndarray, kept: _Kept) -> None:
         self.tokens, self.kept = tokens, kept
 
-    def __len__(self) -> int:
-        return self.kept.tokens
-
     def __getitem__(self, rows: slice) -> np.ndarray:
-        a, b, _ = rows.indices(len(self))
+        a, b, _ = rows.indices(self.kept.tokens)
         return self.kept.gather(self.tokens, a, max(a, b))
 
 
