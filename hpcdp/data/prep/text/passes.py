@@ -6,8 +6,6 @@
 - `tokenize_blocks`: each block's documents read and tokenized a batch at a time into the
   file's dtype and appended to its part (tokens; each document's length and largest id),
   which appears whole when the block is done; a part already there (``--resume``) is kept.
-- `block_docs`: every block's document count, from the parts, on every rank: block b's
-  first document is the sum over the blocks before it, which decides the split.
 
 A rank holds a batch of documents and their tokens at a time, even in a block that is a
 whole file (gzipped JSON Lines, Parquet: their records cannot be cut into byte ranges),
@@ -78,15 +76,6 @@ def every_kth(corpus: Corpus, block: bk.Block, k: int
     except TokenPrepError as exc:
         return count, picked, str(exc)
     return count, picked, None
-
-
-def block_docs(parts: Any, mine: range, n_blocks: int, comm: Any) -> np.ndarray:
-    """Collective: the documents of every block, from the parts."""
-    counts = np.zeros(n_blocks, np.int64)
-    for got in comm.allgather([(b, parts.length(DOCS, b, "lengths")) for b in mine]):
-        for b, n in got:
-            counts[b] = n
-    return counts
 
 
 def sample_stride(total_bytes: int, sample_bytes: int) -> int:

@@ -48,6 +48,7 @@ from hpcdp import files
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import frame, stall
+from hpcdp.data.prep.merge import part_layout
 from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.recipe import SAME_BYTES, Recipe, Run
 from hpcdp.data.prep.text import documents as dc
@@ -265,9 +266,10 @@ def write(run: Run) -> tuple[list[str], str | None]:
     error = passes.tokenize_blocks(inputs.corpus, blocks, mine, tok, parts, progress)
     progress.close()
     raise_agreed(comm, error, tw.TokenPrepError)
-    docs = passes.block_docs(parts, mine, len(blocks), comm)
-    check_counts(split_totals(int(docs.sum()), inputs.val_fraction), inputs.val_fraction)
-    firsts = np.cumsum(docs) - docs
+    layout = part_layout(parts, passes.DOCS, mine, comm)  # each block's first document
+    total = layout.totals.get("lengths", 0)
+    check_counts(split_totals(total, inputs.val_fraction), inputs.val_fraction)
+    firsts = np.array([layout.starts[b]["lengths"] for b in range(len(blocks))], np.int64)
     written = [tw.write_split_parts(run.out, split, parts, mine, firsts,
                                     selector(split, inputs.val_fraction),
                                     meta_for(tok, split, inputs), comm)
