@@ -275,3 +275,22 @@ def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(monkeypatch) -> No
     assert not tz.cuts_at_lines({**config, "added_tokens": [{"content": "a\nb"}]})
     assert not tz.cuts_at_lines({**config, "pre_tokenizer": {
         **config["pre_tokenizer"], "add_prefix_space": True}})
+
+
+def test_a_part_without_its_documents_largest_ids_is_still_written(tmp_path: Path) -> None:
+    from hpcdp.data.prep.parts import Parts
+    from hpcdp.data.prep.text import writer as tw
+    from hpcdp.data.prep.world import SerialComm
+
+    parts = Parts(str(tmp_path / "o"), "text", {}, SerialComm(), resume=False)
+    tokens = np.array([5, 9, 256, 7, 256, 3, 3, 4, 256], np.uint16)
+    lengths = np.array([3, 2, 4], np.int64)
+    parts.save(passes.DOCS, 0, tokens=tokens, lengths=lengths)  # no "tops": an older part
+    meta = tk.TokenMeta(257, 256, "bytes", "0" * 64, "train", "text", {})
+    keep_first_last = lambda first, n: np.array([True, False, True])  # noqa: E731
+    path = tw.write_split_parts(str(tmp_path / "o"), "train", parts, range(1),
+                                np.zeros(1, np.int64), keep_first_last, meta, SerialComm())
+    with h5py.File(path) as f:
+        assert f["tokens"][:].tolist() == [5, 9, 256, 3, 3, 4, 256]
+        assert f[tk.DOC_OFFSETS][:].tolist() == [0, 3, 7]
+        assert int(f.attrs["max_token_id"]) == 256

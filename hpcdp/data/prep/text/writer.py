@@ -97,7 +97,11 @@ class Selected:
             part = self.parts.load(DOCS, block)
             lengths = np.asarray(part["lengths"])
             keep = self.select(int(self.firsts[block]), lengths)
-            kept = _Kept(lengths, keep, np.asarray(part["tops"]), block == len(self.firsts) - 1)
+            tops = part.get("tops")
+            if tops is None:  # a part saved before parts recorded them (a resumed run)
+                tops = (np.maximum.reduceat(part["tokens"], np.cumsum(lengths) - lengths)
+                        if len(lengths) else lengths)
+            kept = _Kept(lengths, keep, np.asarray(tops), block == len(self.firsts) - 1)
             self._held = (block, kept)
         return kept
 
