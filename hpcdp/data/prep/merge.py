@@ -91,7 +91,7 @@ def write_parts(path: str, parts: Parts, split: str | Sequence[str], blocks: Seq
                 serial: bool = False, progress: Progress | None = None,
                 layout: PartLayout | None = None,
                 shift: dict[str, tuple[str, int]] | None = None,
-                collective: bool = False) -> int:
+                collective: bool = False, by_array: bool = False) -> int:
     """Collective: ``path`` from every rank's parts of `split` (this rank's: `blocks`, their
     keys), the blocks' rows in key order; the total rows (of the parts' first array).
 
@@ -105,8 +105,9 @@ def write_parts(path: str, parts: Parts, split: str | Sequence[str], blocks: Seq
     other (document ends into tokens) and get that array's start in the block added, and
     its rows start that many rows lower (a leading 0 the callback writes). With `serial`
     (filtered datasets, which parallel HDF5 cannot write reliably) rank 0 opens the file
-    alone and copies every rank's parts. The file is written under a temporary name and
-    renamed when complete (`replacing`).
+    alone and copies every rank's parts. With `by_array`, each array of a block is copied
+    whole before the next (on one rank the chunks are laid out in that order). The file
+    is written under a temporary name and renamed when complete (`replacing`).
     """
     layout = layout or part_layout(parts, split, blocks, comm)
     shift = shift or {}
@@ -119,12 +120,12 @@ def write_parts(path: str, parts: Parts, split: str | Sequence[str], blocks: Seq
                 with h5py.File(tmp, "w") as f:
                     dsets = datasets(f, layout.totals.get(first, 0))
                     for read in _slabs(parts, split, sorted(layout.starts), slab_rows,
-                                       dsets):
+                                       dsets, by_array):
                         _put(dsets, read, layout, shift, progress, first, None)
         else:
             with create_h5(tmp, comm) as f:
                 dsets = datasets(f, layout.totals.get(first, 0))
-                mine = list(_slabs(parts, split, blocks, slab_rows, dsets))
+                mine = list(_slabs(parts, split, blocks, slab_rows, dsets, by_array))
                 rounds = allreduce(comm, len(mine), op="max")
                 for k in range(rounds):  # every rank writes every round, some nothing
                     read = mine[k] if k < len(mine) else None
@@ -133,25 +134,28 @@ def write_parts(path: str, parts: Parts, split: str | Sequence[str], blocks: Seq
 
 
 def _slabs(parts: Parts, split: str | Sequence[str], blocks: Sequence[int], slab_rows: int,
-           written: Iterable[str] | None = None
+           written: Iterable[str] | None = None, by_array: bool = False
            ) -> Iterator[Callable[[], tuple[int, int, dict[str, Any]]]]:
     """For each slab of `blocks`' parts, a function reading it: (block, first row in the
-    block, {array: its rows of the slab}), of the arrays `written` alone (None: all); the
-    slabs are counted before anything is read."""
+    block, {array: its rows of the slab}), of the arrays `written` alone (None: all), every
+    one at once or, with `by_array`, one after another; the slabs are counted before
+    anything is read."""
     names = _names(split)
+    wanted = None if written is None else set(written)
     for i in blocks:
         lengths = _lengths(parts, names, i)
-        keep = set(lengths if written is None else written)
-        n = max((lengths[k] for k in keep if k in lengths), default=0)
-        for a in range(0, n, max(1, slab_rows)):
+        keep = [k for k in lengths if wanted is None or k in wanted]
+        for group in ([[k] for k in keep] if by_array else [keep]):
+            n = max((lengths[k] for k in group), default=0)
+            for a in range(0, n, max(1, slab_rows)):
 
-            def read(i: int = i, a: int = a, keep: set[str] = keep
-                     ) -> tuple[int, int, dict[str, np.ndarray]]:
-                part = {k: v for name in names for k, v in parts.load(name, i).items()
-                        if k in keep}
-                return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
+                def read(i: int = i, a: int = a, group: list[str] = group
+                         ) -> tuple[int, int, dict[str, np.ndarray]]:
+                    part = {k: v for name in names for k, v in parts.load(name, i).items()
+                            if k in group}
+                    return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
 
-            yield read
+                yield read
 
 
 def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayout,
@@ -173,7 +177,7 @@ def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayo
         else:
             mpio_write(dset, at, rows, collective)
     stall.mark()
-    if progress is not None and data:
+    if progress is not None and first in data:
         progress.advance(len(data[first]))
 
 
