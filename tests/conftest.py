@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import compileall
 import os
+import random
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -12,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.runtime.launcher import RankRun, run_ranks
+from hpcdp.runtime.launcher import RankRun, rank_environment, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "parallel" / "workers"
@@ -37,6 +42,57 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     whose source changed since."""
     compileall.compile_dir(REPO / "hpcdp", quiet=1)
     os.environ.setdefault("OMPI_MCA_pml", TEST_PML)
+    if os.environ.get("HPCDP_TEST_ZYGOTE", "1") != "0" and not _xdist_controller(session):
+        _start_zygotes()
+
+
+#: tests/zygote: the pre-imported servers the ranks fork from, and the start-up hook.
+ZYGOTE_DIR = Path(__file__).resolve().parent / "zygote"
+#: Servers per session: a rank's number picks one, and each has a hash seed of its own.
+ZYGOTES = 2
+_zygotes: list[subprocess.Popen] = []
+
+
+def _xdist_controller(session: pytest.Session) -> bool:
+    """Whether this process only hands tests to pytest-xdist workers (it runs none)."""
+    workers = getattr(session.config.option, "numprocesses", None)
+    return bool(workers) and not hasattr(session.config, "workerinput")
+
+
+def _start_zygotes() -> None:
+    """Start tests/zygote's servers with the environment the ranks get (two ranks) and
+    point every Python the tests start at them; a rank that finds none ready, or is
+    refused, starts as usual."""
+    folder = tempfile.mkdtemp(prefix="hpcdp-zygote-")
+    env = rank_environment(None, np=2)
+    seeds = random.Random().sample(range(1, 2**31), ZYGOTES)
+    sockets = [os.path.join(folder, f"{i}.sock") for i in range(ZYGOTES)]
+    for path, seed in zip(sockets, seeds):
+        with open(path + ".log", "wb") as log:
+            _zygotes.append(subprocess.Popen(
+                [sys.executable, str(ZYGOTE_DIR / "server.py"), path],
+                env={**env, "PYTHONHASHSEED": str(seed)}, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=log, cwd=folder))
+    os.environ["HPCDP_ZYGOTE"] = ",".join(sockets)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ZYGOTE_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    _zygotes_folder.append(folder)
+
+
+_zygotes_folder: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for server in _zygotes:
+        server.terminate()
+    deadline = time.monotonic() + 10
+    for server in _zygotes:
+        try:
+            server.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            server.kill()
+    for folder in _zygotes_folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 #: The node id prefix of the tests that use the local Slurm cluster (ids are relative to
