@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hpcdp.runtime.thread_plan import slurm_tasks_per_node
+from hpcdp.runtime.env_counts import slurm_tasks_per_node
 
 #: Exit status for a layout that cannot run (the batch script's status for bad input).
 EXIT_BAD_LAYOUT = 2

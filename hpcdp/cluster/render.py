@@ -142,8 +142,10 @@ def _sbatch_option(index: int, option: str) -> str:
     return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={_q(value)}"
 
 
-def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None) -> list[str]:
-    """The script's srun_options and launch_prefix arrays: site options and a container.
+def _launch(srun_options: Sequence[str],
+            container: Mapping[str, object] | None) -> tuple[list[str], bool]:
+    """The script's srun_options and launch_prefix arrays (site options and a container),
+    and whether a container runs the ranks (a launch prefix, or pyxis's image option).
 
     Always rendered, empty too, so that a variable of that name in the job's
     environment never reaches the srun line.
@@ -164,8 +166,9 @@ def _launch(srun_options: Sequence[str], container: Mapping[str, object] | None)
         raise RenderError(str(e)) from None
     prefix = box.prefix() if box else []
     opts += box.srun_options() if box else []
+    contained = bool(prefix) or any(o.startswith("--container-image=") for o in opts)
     return [f"srun_options=({' '.join(map(_q, opts))})",
-            f"launch_prefix=({' '.join(map(_q, prefix))})"]
+            f"launch_prefix=({' '.join(map(_q, prefix))})"], contained
 
 
 def _template(name: str) -> str:
@@ -173,13 +176,38 @@ def _template(name: str) -> str:
     return resources.files("hpcdp.cluster").joinpath(f"templates/{name}.sh").read_text()
 
 
+_CARRIED = re.compile(r"@(hpcdp(?:\.\w+)+)@")
+_CARRY_END = "HPCDP_LAYOUT"  # the carried program's heredoc delimiter
+
+
+def _carried_source(name: str) -> str:
+    """Module `name`'s source, to go into a raw triple-quoted string of the carried
+    program inside the quoted heredoc that ends at the line _CARRY_END."""
+    package, _, module = name.rpartition(".")
+    text = resources.files(package).joinpath(f"{module}.py").read_text()
+    if "'''" in text or text.endswith("\\") or _CARRY_END in text.splitlines():
+        raise ValueError(f"{name}'s source cannot be carried in a raw string in triple "
+                         f"single quotes inside a heredoc ending at {_CARRY_END}")
+    return text
+
+
+def _carried_layout() -> str:
+    """templates/layout_carried.sh with each `@module@` replaced by the module's source:
+    the layout for a host whose python3 has the standard library and no hpcdp."""
+    return _CARRIED.sub(lambda m: _carried_source(m[1]), _template("layout_carried"))
+
+
 # The batch scripts' shell text lives in templates/*.sh, where shellcheck lints it
 # (`make lint`): the comments that open each script, the part both scripts share
-# (environment, export to the job steps, MPI plugin), and each script's launch.
+# (environment, export to the job steps, MPI plugin), and each script's launch, whose
+# layout step runs hpcdp.cluster.layout: as a module, or carried in a container job's
+# script (its ranks' python is the image's, and the host's may have no hpcdp).
 HEADER = _template("train_header")
 PREP_HEADER = _template("prep_header")
 PROLOGUE = _template("prologue")
 TRAIN = _template("train").replace("__EXIT_REQUEUE__", str(EXIT_REQUEUE))
+LAYOUT = _template("layout")
+LAYOUT_CARRIED = _carried_layout()
 PREP = _template("prep")
 
 
@@ -238,9 +266,11 @@ def render(
     lines += [_sbatch_option(i, o) for i, o in enumerate(_lines("sbatch_options", sbatch_options))]
     lines.append("set -eo pipefail")
     lines += _environment(modules, setup, env, venv, srun_mpi)
-    lines += _launch(srun_options, container)
+    launch, contained = _launch(srun_options, container)
+    lines += launch
     lines += _training_args(signal, config, overrides, script)
-    return "\n".join(lines) + "\n\n" + PROLOGUE + "\n" + TRAIN
+    train = TRAIN.replace("__LAYOUT__\n", LAYOUT_CARRIED if contained else LAYOUT)
+    return "\n".join(lines) + "\n\n" + PROLOGUE + "\n" + train
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from hpcdp.runtime.cpus import CpuView, format_cpu_list, probe
+from hpcdp.runtime.env_counts import positive_int, slurm_tasks_per_node
 
 YIELD_VAR = "OMPI_MCA_mpi_yield_when_idle"
 #: Threads per rank that wait in MPI while a step communicates: the Python thread
@@ -45,26 +46,6 @@ BUSY_THREADS_PER_RANK = 2
 LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
-def _positive_int(text: str | None) -> int | None:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        return None
-    return value if value > 0 else None
-
-
-def slurm_tasks_per_node(text: str) -> list[int]:
-    """Slurm's tasks-per-node list ('2(x3),1' -> [2, 2, 2, 1])."""
-    counts: list[int] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        count, _, repeat = part.partition("(x")
-        n, times = _positive_int(count), _positive_int(repeat.rstrip(")") or "1")
-        if n is None or times is None:
-            raise ValueError(f"cannot read Slurm's tasks per node {text!r}")
-        counts += [n] * times
-    return counts
-
-
 def local_ranks(environ: Mapping[str, str]) -> int:
     """How many ranks the launcher started on this node (1 when no launcher says).
 
@@ -72,17 +53,17 @@ def local_ranks(environ: Mapping[str, str]) -> int:
     shell runs one process whatever --ntasks-per-node says.
     """
     for var in LOCAL_SIZE_VARS:
-        value = _positive_int(environ.get(var))
+        value = positive_int(environ.get(var))
         if value:
             return value
     per_node = environ.get("SLURM_STEP_TASKS_PER_NODE", "")
     if per_node:
         counts = slurm_tasks_per_node(per_node)
-        node = _positive_int(str(int(environ.get("SLURM_NODEID", "0") or 0) + 1)) or 1
+        node = positive_int(str(int(environ.get("SLURM_NODEID", "0") or 0) + 1)) or 1
         # A step on part of the job's nodes: the largest count is the safe guess.
         return counts[node - 1] if node <= len(counts) else max(counts)
     if "SLURM_STEP_ID" in environ:
-        return _positive_int(environ.get("SLURM_NTASKS_PER_NODE")) or 1
+        return positive_int(environ.get("SLURM_NTASKS_PER_NODE")) or 1
     return 1
 
 
@@ -161,7 +142,7 @@ def _exported_threads(environ: Mapping[str, str]) -> int | None:
     text = environ.get("OMP_NUM_THREADS")
     if text is None:
         return None
-    value = _positive_int(text.split(",")[0])
+    value = positive_int(text.split(",")[0])
     if value is None:
         raise ValueError(f"OMP_NUM_THREADS={text!r} is not a positive whole number")
     return value

@@ -5,13 +5,18 @@ stand-ins first on PATH: `srun` and `apptainer`/`singularity`/`shifter` record t
 arguments and environment and then run what they were given, as the real ones do;
 the training command is a stand-in `python` (HPCDP_PYTHON) that exits or waits for a
 signal as a test arranges. What a real runtime does with an image is not tested.
+The host's `python3`, which works out the layout, is this interpreter made unable to
+import hpcdp (-I -S: no PYTHONPATH, current folder or site-packages), as on a host
+where hpcdp lives in the image alone.
 Regenerate the goldens with `HPCDP_UPDATE_GOLDEN=1 python -m pytest
 tests/unit/test_containers.py`.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,9 +27,10 @@ from typing import Any
 
 import pytest
 from test_sbatch_launch import SCONTROL
+from test_slurm_layout import CASES as LAYOUTS
 from test_slurm_render import GOLDEN, check_golden
 
-from hpcdp.cluster import cli, containers
+from hpcdp.cluster import cli, containers, layout
 from hpcdp.cluster.containers import Container, ContainerError
 from hpcdp.cluster.render import RenderError, render
 from hpcdp.runtime.preempt import EXIT_REQUEUE
@@ -87,12 +93,16 @@ case "$does" in
   exit*) exit "${does#exit}" ;;
 esac
 """.replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE))
+# The host's python3: a real interpreter that cannot import hpcdp, whatever it is asked.
+HOST_PYTHON3 = f"""#!/bin/bash
+exec {sys.executable} -I -S "$@"
+"""
 
 
 def standins(tmp_path: Path, runtimes: tuple[str, ...]) -> Path:
     folder = tmp_path / "bin"
     folder.mkdir(exist_ok=True)
-    scripts = {"srun": SRUN, "scontrol": SCONTROL, "python": PYTHON,
+    scripts = {"srun": SRUN, "scontrol": SCONTROL, "python": PYTHON, "python3": HOST_PYTHON3,
                **dict.fromkeys(runtimes, RUNTIME)}
     for name, text in scripts.items():
         (folder / name).write_text(text)
@@ -103,9 +113,9 @@ def standins(tmp_path: Path, runtimes: tuple[str, ...]) -> Path:
 def job_env(folder: Path, **extra: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "OMP_", "MKL_", "HPCDP_"))}
-    # Only the stand-ins, the system's tools and this venv (the batch shell's python3,
-    # which works out the layout, as HPCDP_VENV's would): no real runtime can be picked up.
-    path = os.pathsep.join((str(folder), str(Path(sys.executable).parent), "/usr/bin:/bin"))
+    # Only the stand-ins (python3 among them: the host's, without hpcdp) and the system's
+    # tools: no real runtime can be picked up.
+    path = os.pathsep.join((str(folder), "/usr/bin:/bin"))
     return {**base, "PATH": path, "STANDIN": str(folder),
             "HPCDP_PYTHON": str(folder / "python"), "SLURM_JOB_ID": "41", **extra}
 
@@ -329,3 +339,87 @@ def test_missing_runtime_stops_before_srun(tmp_path: Path) -> None:
     assert status == 2, out
     assert "error: container runtime apptainer not found on node7" in out
     assert not (folder / "srun.args").exists()
+
+
+# ---- the layout on a host without hpcdp ----------------------------------------------------
+
+
+def host_python3(tmp_path: Path) -> Path:
+    """The stand-ins' python3, checked: it runs, and it cannot import hpcdp."""
+    python3 = standins(tmp_path, ()) / "python3"
+    done = subprocess.run([str(python3), "-c", "import hpcdp"], cwd=tmp_path, env=os.environ,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1 and "No module named 'hpcdp'" in done.stderr, done.stderr
+    return python3
+
+
+def carried_program(script: str) -> str:
+    """The Python program the batch script gives the host's python3 for the layout."""
+    m = re.search(r"<<'HPCDP_LAYOUT'\n(.*?\n)HPCDP_LAYOUT\n", script, re.DOTALL)
+    assert m, "no carried layout in the script"
+    return m[1]
+
+
+def _stamp(text: str) -> str:
+    return re.sub(r"\[hpcdp\.sbatch \d\d:\d\d:\d\d\]", "[hpcdp.sbatch T]", text)
+
+
+@pytest.mark.parametrize("environ", [case[0] for case in LAYOUTS] + [
+    {"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "2"},
+    {"SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x0)"}])
+def test_the_carried_layout_gives_the_modules_on_a_python_without_hpcdp(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], environ: dict[str, str]) -> None:
+    """Every allocation of test_slurm_layout, and two it refuses: the same output, warning,
+    error and exit status as `python -m hpcdp.cluster.layout`."""
+    python3 = host_python3(tmp_path)
+    program = carried_program(render(container=APPTAINER))
+    done = subprocess.run([str(python3), "-I", "-"], input=program, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", **environ}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    status = layout.main([], environ)
+    out, err = capsys.readouterr()
+    assert (done.returncode, done.stdout, _stamp(done.stderr)) == (status, out, _stamp(err))
+
+
+def test_pyxis_and_prefixes_carry_the_layout_a_plain_job_runs_the_module() -> None:
+    for name in sorted(CASES):
+        assert "<<'HPCDP_LAYOUT'" in render(**CASES[name]), name
+    assert "<<'HPCDP_LAYOUT'" in render(srun_options=["--container-image=repo#img"])
+    plain = render()
+    assert "HPCDP_LAYOUT" not in plain
+    assert 'layout_out="$("$layout_python" -m hpcdp.cluster.layout)"' in plain
+
+
+def test_the_carried_program_reads_as_python_3_7() -> None:
+    """The floor docs/slurm-sites.md gives for the host's python3 (syntax alone: a newer
+    library call would pass here)."""
+    program = carried_program(render(container=APPTAINER))
+    sources = re.findall(r"r'''(.*?)'''", program, re.DOTALL)
+    assert len(sources) == 2
+    for text in (program, *sources):
+        ast.parse(text, feature_version=(3, 7))
+
+
+def test_a_host_without_a_usable_python3_is_named(tmp_path: Path) -> None:
+    proc, folder = start(tmp_path, {"container": APPTAINER}, ("apptainer",),
+                         HPCDP_BATCH_PYTHON="no-such-python")
+    status, out = finish(proc)
+    assert status == 127, out
+    assert ("error: no-such-python, running hpcdp.cluster.layout as this script carries it, "
+            "failed (exit status 127): the batch shell needs a python3 of 3.7 or later") in out
+    assert not (folder / "srun.args").exists()
+
+
+def test_the_container_job_lays_out_the_allocation(tmp_path: Path) -> None:
+    """The whole script on a fake allocation of 2 nodes with 2 GPUs each: srun gets the
+    module's layout, worked out by the host's python3 without hpcdp."""
+    allocation = {"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "2",
+                  "SLURM_GPUS_PER_NODE": "2", "SLURM_JOB_CPUS_PER_NODE": "8(x2)"}
+    host_python3(tmp_path)
+    proc, folder = start(tmp_path, {"container": APPTAINER}, ("apptainer",), **allocation)
+    status, out = finish(proc)
+    assert status == 0, out
+    srun = recorded(folder, "srun")
+    assert srun[:3] == layout.plan(allocation).srun_options() == [
+        "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=4"], srun
+    assert "4 ranks, 2 node(s), 2 GPU(s)/node, 4 CPU(s)/rank" in out

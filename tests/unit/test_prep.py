@@ -36,7 +36,7 @@ class _Rows:
 
 
 def _sample_blocks(n: int, chunk: int, chunks_a_block: int) -> list[range]:
-    """How the sample recipes cut their rows (`cli.write_split`): blocks of whole chunks."""
+    """How the sample recipes cut their rows (`samples.splits`): blocks of whole chunks."""
     return plan_items(n, items_per_block(1, chunks_a_block * chunk, n, unit=chunk))
 
 

@@ -65,9 +65,15 @@ def _criteo(d: Path) -> tuple[list[str], str]:
             rf"{d}/day\.txt: line 3: count I2 = 'three'")
 
 
+def _npz(d: Path) -> tuple[list[str], str]:
+    (d / "part-0.npz").write_bytes(b"PK\x03\x04 but no archive follows")
+    return ["--files", str(d / "part-*.npz")], rf"{d}/part-0\.npz"
+
+
 BAD: dict[str, Callable[[Path], tuple[list[str], str]]] = {
     "arrays": _arrays, "digits": _digits, "cifar": _cifar, "synthetic": _synthetic,
     "markov": _markov, "clicks": _clicks, "images": _images, "text": _text, "criteo": _criteo,
+    "npz": _npz,
 }
 
 

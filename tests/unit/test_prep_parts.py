@@ -86,6 +86,15 @@ def test_existing_work_folder_needs_resume_and_the_same_options(tmp_path: Path) 
     assert not fresh.resumed  # --resume with nothing to resume starts afresh
 
 
+def test_a_resume_removes_what_mpi_io_left_beside_a_killed_temporary(tmp_path: Path) -> None:
+    Parts(str(tmp_path), "t", {}, COMM, resume=False)
+    left = [".train.h5.tmp-0123456789ab", ".train.h5.tmp-0123456789ab.locktest.1"]
+    for name in [*left, "mine.h5.locktest.1", "train.h5"]:
+        (tmp_path / name).write_bytes(b"")
+    assert Parts(str(tmp_path), "t", {}, COMM, resume=True).resumed
+    assert sorted(os.listdir(tmp_path)) == [".hpcdp-prep", "mine.h5.locktest.1", "train.h5"]
+
+
 def test_bad_input_found_while_working_leaves_nothing_but_a_crash_keeps_the_parts(
         tmp_path: Path) -> None:
     with pytest.raises(PrepError), Parts(str(tmp_path), "t", {}, COMM, False) as parts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -188,15 +189,23 @@ def test_the_bpe_sample_is_bounded_and_only_training_documents(tmp_path: Path) -
     assert whole == [t for g, t in enumerate(every) if not tp.is_val(g, 0.5)]
 
 
-@given(st.lists(st.integers(1, 40), max_size=60), st.integers(1, 64))
-def test_a_blocks_documents_are_copied_in_slabs_of_whole_documents(lengths, slab) -> None:
-    from hpcdp.data.prep.text.writer import doc_slabs
+@given(st.lists(st.tuples(st.integers(1, 40), st.booleans()), max_size=60),
+       st.integers(1, 70), st.integers(0, 70), st.booleans())
+def test_a_splits_tokens_are_gathered_slice_by_slice(docs, a, width, last) -> None:
+    from hpcdp.data.prep.text import writer as tw
 
-    lengths = np.array(lengths, np.int64)
-    pieces = doc_slabs(lengths, slab)
-    assert [i for a, z in pieces for i in range(a, z)] == list(range(len(lengths)))
-    for a, z in pieces:  # a slab crosses its bound by its last document at most
-        assert lengths[a : z - 1].sum() < slab or z - a == 1
+    lengths = np.array([n for n, _ in docs], np.int64)
+    keep = np.array([k for _, k in docs], bool)
+    tokens = np.arange(int(lengths.sum()), dtype=np.uint16)
+    kept = tw._Kept(lengths, keep, np.zeros(len(docs), np.uint16), last)
+    want = tokens[np.repeat(keep, lengths)]
+    a = min(a, len(want))
+    b = min(len(want), a + width)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tw, "GATHER_TOKENS", 7)  # several gathers a slice, cut anywhere
+        assert kept.gather(tokens, a, b).tolist() == want[a:b].tolist()
+    starts = np.cumsum(lengths[keep]) - lengths[keep]
+    assert kept.offsets.tolist() == [*starts.tolist(), *([len(want)] if last else [])]
 
 
 def test_the_tokenizer_library_gets_the_ranks_share_of_threads() -> None:
@@ -244,3 +253,44 @@ def test_a_bpe_trained_apart_is_the_bpe_trained_here() -> None:
     assert apart.json == here.json and apart.sha256 == here.sha256
     with pytest.raises(tz.TokenizerError, match="--vocab-size 5: a byte-level BPE needs"):
         tz.train_bpe_apart(texts, 5)
+
+
+def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(monkeypatch) -> None:
+    source = (Path(tz.__file__).read_text() + Path(tc.__file__).read_text()) * 3
+    tok = tz.train_bpe([source[i : i + 2000] for i in range(0, len(source), 2000)], 400)
+    assert tok.cuts_at_lines  # the BPE trained here may be cut at lines
+    odd = "a \u00a0b\x1c c\t\td\r\n e 's\n\n 12 (x)\u3000y z\n\n"
+    docs = [source, "short one", source[: len(source) // 2] + odd * 400, odd * 900]
+    monkeypatch.setattr(tz, "ENCODE_CHARS", 3000)
+    assert len(tz.pieces(source, 3000)) > 10
+    assert "".join(tz.pieces(source, 3000)) == source
+    cut_tokens, cut_lengths = tok.encode_flat(docs)
+    whole = dataclasses.replace(tok, cuts_at_lines=False)
+    tokens, lengths = whole.encode_flat(docs)
+    assert lengths.tolist() == cut_lengths.tolist()
+    assert tokens.tolist() == cut_tokens.tolist()
+    config = json.loads(tok.json)
+    assert not tz.cuts_at_lines({**config, "normalizer": {"type": "NFC"}})
+    assert not tz.cuts_at_lines({**config, "pre_tokenizer": {"type": "Metaspace"}})
+    assert not tz.cuts_at_lines({**config, "added_tokens": [{"content": "a\nb"}]})
+    assert not tz.cuts_at_lines({**config, "pre_tokenizer": {
+        **config["pre_tokenizer"], "add_prefix_space": True}})
+
+
+def test_a_part_without_its_documents_largest_ids_is_still_written(tmp_path: Path) -> None:
+    from hpcdp.data.prep.parts import Parts
+    from hpcdp.data.prep.text import writer as tw
+    from hpcdp.data.prep.world import SerialComm
+
+    parts = Parts(str(tmp_path / "o"), "text", {}, SerialComm(), resume=False)
+    tokens = np.array([5, 9, 256, 7, 256, 3, 3, 4, 256], np.uint16)
+    lengths = np.array([3, 2, 4], np.int64)
+    parts.save(passes.DOCS, 0, tokens=tokens, lengths=lengths)  # no "tops": an older part
+    meta = tk.TokenMeta(257, 256, "bytes", "0" * 64, "train", "text", {})
+    keep_first_last = lambda first, n: np.array([True, False, True])  # noqa: E731
+    path = tw.write_split_parts(str(tmp_path / "o"), "train", parts, range(1),
+                                np.zeros(1, np.int64), keep_first_last, meta, SerialComm())
+    with h5py.File(path) as f:
+        assert f["tokens"][:].tolist() == [5, 9, 256, 3, 3, 4, 256]
+        assert f[tk.DOC_OFFSETS][:].tolist() == [0, 3, 7]
+        assert int(f.attrs["max_token_id"]) == 256

@@ -2,21 +2,8 @@
 # Slurm granted (hpcdp.cluster.layout: one rank per GPU, or per task with GPUs per task
 # or without GPUs; CPUs per rank from --cpus-per-task or the nodes' counts). It prints
 # "ranks nodes GPUs/node CPUs/rank overcommit" and srun's layout options, or says what
-# is wrong and exits 2. It runs here, in the batch shell: with HPCDP_BATCH_PYTHON, else
-# the ranks' python, unless a container runs the ranks (a launch prefix, or pyxis's
-# --container-image), whose interpreter is the image's: then this shell's python3.
-layout_python="${HPCDP_BATCH_PYTHON:-$python}"
-if [[ -z "${HPCDP_BATCH_PYTHON:-}" ]] && { (( ${#launch_prefix[@]} )) ||
-     [[ " ${srun_options[*]} " == *" --container-image="* ]]; }; then
-  layout_python=python3
-fi
-layout_out="$("$layout_python" -m hpcdp.cluster.layout)" || {
-  status=$?
-  (( status == 2 )) || log "error: $layout_python -m hpcdp.cluster.layout failed" \
-    "(exit status $status): the batch shell needs a python that imports hpcdp" \
-    "(HPCDP_VENV, HPCDP_PYTHON or HPCDP_BATCH_PYTHON)"
-  exit "$status"
-}
+# is wrong and exits 2. It runs here, in the batch shell, with HPCDP_BATCH_PYTHON if set,
+__LAYOUT__
 { read -r ntasks nodes gpus cpus_per_task overcommit; read -ra layout; } <<< "$layout_out"
 # Ranks that share CPUs yield them while they wait in MPI (an exported value wins).
 if (( overcommit )); then

@@ -6,7 +6,7 @@
 # srun and the site's MPI plugin. Environment (all optional): HPCDP_VENV (venv to
 # activate), HPCDP_SETUP (file to source first: module loads, exports), HPCDP_PYTHON
 # (interpreter, default python3), HPCDP_BATCH_PYTHON (the one that works out the layout
-# in this shell and must import hpcdp; default HPCDP_PYTHON's, with a container
-# python3), HPCDP_SRUN_MPI (srun --mpi plugin; default: the site's MpiDefault),
-# HPCDP_SRUN_ARGS (extra srun options). NCCL, HDF5 and Horovod settings below are
-# defaults: exported values win.
+# in this shell; default HPCDP_PYTHON's, which must import hpcdp, or with a container,
+# python3, which needs none: the script carries the layout), HPCDP_SRUN_MPI (srun --mpi
+# plugin; default: the site's MpiDefault), HPCDP_SRUN_ARGS (extra srun options). NCCL,
+# HDF5 and Horovod settings below are defaults: exported values win.

@@ -251,7 +251,7 @@ def _what_it_is(head: bytes) -> str:
     return f"it starts with the bytes {head[:8]!r}"
 
 
-def _read_npy_header(fh: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+def read_npy_header(fh: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     """Shape, Fortran order, dtype and data offset of the .npy at `fh`'s position."""
     start = fh.tell()
     head = fh.read(32)
@@ -270,7 +270,7 @@ def _read_npy_header(fh: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtyp
             )
     except SourceError:
         raise
-    except (ValueError, EOFError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any malformed header (a literal parsed) is bad input
         raise SourceError(f"{name}: damaged .npy header: {exc}") from exc
     if any(d < 0 for d in shape):
         raise SourceError(f"{name}: damaged .npy header: negative shape {shape}")
@@ -298,21 +298,29 @@ def _npz_member_memmap(path: str, key: str) -> np.ndarray:
             name_len = int.from_bytes(local[26:28], "little")
             extra_len = int.from_bytes(local[28:30], "little")
             fh.seek(info.header_offset + 30 + name_len + extra_len)
-            shape, fortran, dtype, offset = _read_npy_header(fh, f"{path}: array {key!r}")
+            shape, fortran, dtype, offset = read_npy_header(fh, f"{path}: array {key!r}")
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise SourceError(f"{path}: not a valid .npz file: {exc}") from exc
     return _memmap(path, dtype, shape, fortran, offset)
 
 
+def check_npy(where: str, dtype: np.dtype, shape: tuple[int, ...], fortran: bool,
+              offset: int, size: int) -> None:
+    """An array's header, read by `read_npy_header`, describes plain numbers in C order
+    that the `size` bytes hold: never an object array, which only unpickling reads."""
+    if dtype.hasobject:
+        raise SourceError(f"{where}: object arrays cannot be prepared")
+    need = offset + math.prod(shape) * dtype.itemsize
+    if size < need:
+        raise SourceError(f"{where}: truncated: {size} bytes, need {need}")
+    if fortran and len(shape) > 1:
+        raise SourceError(f"{where}: Fortran-ordered arrays are not supported; save a C-order "
+                          "copy")
+
+
 def _memmap(path: str, dtype: np.dtype, shape: tuple[int, ...], fortran: bool,
             offset: int) -> np.ndarray:
-    if dtype.hasobject:
-        raise SourceError(f"{path}: object arrays cannot be prepared")
-    need = offset + math.prod(shape) * dtype.itemsize
-    if os.path.getsize(path) < need:
-        raise SourceError(f"{path}: truncated: {os.path.getsize(path)} bytes, need {need}")
-    if fortran and len(shape) > 1:
-        raise SourceError(f"{path}: Fortran-ordered arrays are not supported; save a C-order copy")
+    check_npy(path, dtype, shape, fortran, offset, os.path.getsize(path))
     if math.prod(shape) == 0:
         return np.empty(shape, dtype)  # nothing to map (and mmap refuses zero bytes)
     return np.memmap(path, dtype=dtype, mode="r", shape=shape, offset=offset)
@@ -329,11 +337,11 @@ def load_array(path: str, key: str | None) -> np.ndarray:
             raise SourceError(f"{path}: name the array inside the .npz (--x-key / --y-key)")
         return _npz_member_memmap(path, key)
     with open(path, "rb") as fh:
-        shape, fortran, dtype, offset = _read_npy_header(fh, path)
+        shape, fortran, dtype, offset = read_npy_header(fh, path)
     return _memmap(path, dtype, shape, fortran, offset)
 
 
-def _check_labels(y: np.ndarray, y_path: str, n: int, x_path: str) -> None:
+def check_labels(y: np.ndarray, y_path: str, n: int, x_path: str) -> None:
     """Labels: one non-negative integer (an int64 class index) per sample."""
     if y.ndim != 1:
         raise SourceError(f"{y_path}: labels must be one-dimensional, got shape {y.shape}")
@@ -364,7 +372,7 @@ class Arrays(Source):
             raise SourceError(f"{x_path}: data dtype {x.dtype} is not numeric")
         check_sample_bytes(tuple(x.shape[1:]), x.dtype, x_path)
         if y is not None:
-            _check_labels(y, y_path or "", len(x), x_path)
+            check_labels(y, y_path or "", len(x), x_path)
         params = {"x": os.path.basename(x_path), "y": os.path.basename(y_path or "")}
         super().__init__(name, len(x), tuple(x.shape[1:]), x.dtype, y is not None, params)
         self._x, self._y = x, y

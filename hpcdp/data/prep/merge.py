@@ -1,7 +1,8 @@
 """The final files, made from the per-block parts (`parts`) in block order.
 
-Each block's rows are all-gathered and its first row in the file is their prefix sum
-(`part_layout`), so the file is the same for any number of ranks; every rank copies its
+Each block's rows are all-gathered and its first row in the file is their prefix sum in
+the order of the blocks' keys (`part_layout`; any increasing integers, not only 0..n-1),
+so the file is the same for any number of ranks; every rank copies its
 own blocks to their rows through MPI-IO, a bounded slab at a time (`write_parts`). A file
 is written under a temporary name renamed once every rank is done (`replacing`), so a
 failed run never replaces a good file. `root_attrs` is what every prepared file says of
@@ -13,16 +14,16 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hpcdp import __version__
 from hpcdp.data.prep import stall
-from hpcdp.data.prep.parts import Numbered, Parts
+from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.world import allreduce
 
@@ -31,8 +32,9 @@ from hpcdp.data.prep.world import allreduce
 class PartLayout:
     """Where every block's arrays go in a split's file: the same on every rank."""
 
-    starts: dict[int, dict[str, int]]  # block -> array -> its first row in the file
+    starts: dict[int, dict[str, int]]  # block key -> array -> its first row in the file
     totals: dict[str, int]  # array -> rows in the file
+    tally: dict[str, int] = field(default_factory=dict)  # the parts' tallies, summed
 
 
 def root_attrs(schema: dict[str, Any], num_samples: int, source: str, split: str,
@@ -50,31 +52,48 @@ def root_attrs(schema: dict[str, Any], num_samples: int, source: str, split: str
             "hpcdp_version": __version__, **(more or {})}
 
 
-def part_layout(parts: Parts | Numbered, split: str, blocks: range, comm: Any) -> PartLayout:
-    """Collective: each array's rows per block all-gathered, their prefix sums in block order
-    (so the same file on any number of ranks) and the totals."""
-    mine = [(i, parts.lengths(split, i)) for i in blocks]
-    every = dict(kv for got in comm.allgather(mine) for kv in got)
-    if sorted(every) != list(range(len(every))):
-        raise RuntimeError(f"{split}: the ranks' blocks are not 0..{len(every) - 1}")
-    names = list(every[0]) if every else []
+def _names(split: str | Sequence[str]) -> tuple[str, ...]:
+    return (split,) if isinstance(split, str) else tuple(split)
+
+
+def _lengths(parts: Parts, names: tuple[str, ...], key: int) -> dict[str, int]:
+    return {k: n for name in names for k, n in parts.lengths(name, key).items()}
+
+
+def part_layout(parts: Parts, split: str | Sequence[str], blocks: Sequence[int], comm: Any
+                ) -> PartLayout:
+    """Collective: each array's rows per block all-gathered, their prefix sums in the order
+    of the block keys (so the same file on any number of ranks), the totals, and the sums of
+    the counts the parts were saved with (`Parts.save`'s tally). `split` may name several
+    parts of each block whose arrays together are its rows (rows parsed first, ids made
+    later); `blocks` are this rank's keys."""
+    names = _names(split)
+    mine = [(i, _lengths(parts, names, i), [parts.tally(name, i) for name in names])
+            for i in blocks]
+    every = sorted((kv for got in comm.allgather(mine) for kv in got), key=lambda kv: kv[0])
+    if len({i for i, _, _ in every}) != len(every):
+        raise RuntimeError(f"{split}: a block is held by two ranks")
+    arrays = list(every[0][1]) if every else []
     starts: dict[int, dict[str, int]] = {}
-    at = dict.fromkeys(names, 0)
-    for i in range(len(every)):
+    at, tally = dict.fromkeys(arrays, 0), {}
+    for i, lengths, tallies in every:
         starts[i] = dict(at)
-        for name in names:
-            at[name] += every[i][name]
-    return PartLayout(starts, at)
+        for name in arrays:
+            at[name] += lengths[name]
+        for counts in tallies:
+            for name, n in counts.items():
+                tally[name] = tally.get(name, 0) + n
+    return PartLayout(starts, at, tally)
 
 
-def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
+def write_parts(path: str, parts: Parts, split: str | Sequence[str], blocks: Sequence[int],
                 datasets: Callable[[Any, int], dict[str, Any]], comm: Any, slab_rows: int,
                 serial: bool = False, progress: Progress | None = None,
                 layout: PartLayout | None = None,
                 shift: dict[str, tuple[str, int]] | None = None,
-                collective: bool = False) -> int:
-    """Collective: ``path`` from every rank's parts of `split` (this rank's: `blocks`), the
-    blocks' rows in block order; the total rows (of the parts' first array).
+                collective: bool = False, by_array: bool = False) -> int:
+    """Collective: ``path`` from every rank's parts of `split` (this rank's: `blocks`, their
+    keys), the blocks' rows in key order; the total rows (of the parts' first array).
 
     Rows per block are all-gathered and each block's first row is their prefix sum
     (`part_layout`, or `layout` when the recipe made it first to size its datasets), so the
@@ -86,8 +105,9 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
     other (document ends into tokens) and get that array's start in the block added, and
     its rows start that many rows lower (a leading 0 the callback writes). With `serial`
     (filtered datasets, which parallel HDF5 cannot write reliably) rank 0 opens the file
-    alone and copies every rank's parts. The file is written under a temporary name and
-    renamed when complete (`replacing`).
+    alone and copies every rank's parts. With `by_array`, each array of a block is copied
+    whole before the next (on one rank the chunks are laid out in that order). The file
+    is written under a temporary name and renamed when complete (`replacing`).
     """
     layout = layout or part_layout(parts, split, blocks, comm)
     shift = shift or {}
@@ -99,12 +119,13 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
 
                 with h5py.File(tmp, "w") as f:
                     dsets = datasets(f, layout.totals.get(first, 0))
-                    for read in _slabs(parts, split, range(len(layout.starts)), slab_rows):
+                    for read in _slabs(parts, split, sorted(layout.starts), slab_rows,
+                                       dsets, by_array):
                         _put(dsets, read, layout, shift, progress, first, None)
         else:
             with create_h5(tmp, comm) as f:
                 dsets = datasets(f, layout.totals.get(first, 0))
-                mine = list(_slabs(parts, split, blocks, slab_rows))
+                mine = list(_slabs(parts, split, blocks, slab_rows, dsets, by_array))
                 rounds = allreduce(comm, len(mine), op="max")
                 for k in range(rounds):  # every rank writes every round, some nothing
                     read = mine[k] if k < len(mine) else None
@@ -112,19 +133,29 @@ def write_parts(path: str, parts: Parts | Numbered, split: str, blocks: range,
     return layout.totals.get(first, 0)
 
 
-def _slabs(parts: Parts | Numbered, split: str, blocks: Sequence[int], slab_rows: int
-           ) -> Iterator[Callable[[], tuple[int, int, dict[str, np.ndarray]]]]:
+def _slabs(parts: Parts, split: str | Sequence[str], blocks: Sequence[int], slab_rows: int,
+           written: Iterable[str] | None = None, by_array: bool = False
+           ) -> Iterator[Callable[[], tuple[int, int, dict[str, Any]]]]:
     """For each slab of `blocks`' parts, a function reading it: (block, first row in the
-    block, {array: its rows of the slab}); the slabs are counted before anything is read."""
+    block, {array: its rows of the slab}), of the arrays `written` alone (None: all), every
+    one at once or, with `by_array`, one after another; the slabs are counted before
+    anything is read."""
+    names = _names(split)
+    wanted = None if written is None else set(written)
     for i in blocks:
-        n = max(parts.lengths(split, i).values(), default=0)
-        for a in range(0, n, max(1, slab_rows)):
+        lengths = _lengths(parts, names, i)
+        keep = [k for k in lengths if wanted is None or k in wanted]
+        for group in ([[k] for k in keep] if by_array else [keep]):
+            n = max((lengths[k] for k in group), default=0)
+            for a in range(0, n, max(1, slab_rows)):
 
-            def read(i: int = i, a: int = a) -> tuple[int, int, dict[str, np.ndarray]]:
-                part = parts.load(split, i)
-                return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
+                def read(i: int = i, a: int = a, group: list[str] = group
+                         ) -> tuple[int, int, dict[str, np.ndarray]]:
+                    part = {k: v for name in names for k, v in parts.load(name, i).items()
+                            if k in group}
+                    return i, a, {k: np.asarray(v[a : a + slab_rows]) for k, v in part.items()}
 
-            yield read
+                yield read
 
 
 def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayout,
@@ -146,7 +177,7 @@ def _put(dsets: dict[str, Any], read: Callable[[], Any] | None, layout: PartLayo
         else:
             mpio_write(dset, at, rows, collective)
     stall.mark()
-    if progress is not None and data:
+    if progress is not None and first in data:
         progress.advance(len(data[first]))
 
 

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,9 @@ WORK_DIR = ".hpcdp-prep"
 FINGERPRINT = "fingerprint.json"
 #: Each part's record of its arrays' lengths, written last.
 META = "meta.json"
-#: What `merge.replacing` names a file while it is written.
-_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}")
+#: What `merge.replacing` names a file while it is written, and what the MPI-IO library
+#: may make beside it (Open MPI's ``NAME.locktest.N``, left when the job is killed).
+_STALE = re.compile(r"\..+\.tmp-[0-9a-f]{12}(\.locktest\.[0-9]+)?")
 
 
 def work_dir(out_dir: str) -> str:
@@ -45,13 +46,15 @@ def work_dir(out_dir: str) -> str:
 
 
 #: Metadata of a checked input's dataclass field that changes no byte of the output (the
-#: MPI-IO transfer mode): `fingerprint` leaves it out, so that a resume may change it.
+#: MPI-IO transfer mode), or that follows from the other fields (the sources they open):
+#: `fingerprint` leaves it out, so that a resume may change it.
 SAME_BYTES = {"same_bytes": True}
 
 
 def fingerprint(*inputs: Any, files: Iterable[str] = ()) -> dict[str, Any]:
     """What a resumed run must share with the run it continues: `inputs` (dataclasses, their
-    `SAME_BYTES` fields left out, or mappings; JSON values), the checked values the output
+    `SAME_BYTES` fields left out and the fields of a dataclass field merged in, or
+    mappings; JSON values), the checked values the output
     is made from, merged; and the size and modification time of each of `files` (as
     ``file PATH``), so that an input changed in between is refused too.
 
@@ -62,8 +65,12 @@ def fingerprint(*inputs: Any, files: Iterable[str] = ()) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for value in inputs:
         if dataclasses.is_dataclass(value):
-            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
-                     if not f.metadata.get("same_bytes")}
+            fields = [f for f in dataclasses.fields(value) if not f.metadata.get("same_bytes")]
+            value = {f.name: getattr(value, f.name) for f in fields}
+            for name, inner in list(value.items()):  # a dataclass field: its fields merged
+                if dataclasses.is_dataclass(inner):
+                    del value[name]
+                    found.update(fingerprint(inner))
         found.update(value)
     for path in files:
         stat = os.stat(path)
@@ -223,16 +230,19 @@ class Parts:
         """Whether block `index` of `split` has its part (whole: parts appear by rename)."""
         return os.path.isdir(self._part(split, index))
 
-    def save(self, split: str, index: int, **arrays: np.ndarray) -> None:
+    def save(self, split: str, index: int, tally: dict[str, int] | None = None, /,
+             **arrays: np.ndarray) -> None:
         """Block `index` of `split` as one .npy per array, under a temporary name renamed
-        into place. Its rows (`rows`) are the length of the first array."""
+        into place. Its rows (`rows`) are the length of the first array. `tally`: the
+        block's own counts (clicks, lines skipped), recorded with it for `merge.part_layout`
+        to sum, so that no part is read again only to be counted."""
         tmp = self._begin(split, index)
         lengths = {}
         for key, array in arrays.items():
             array = np.ascontiguousarray(array)
             np.save(os.path.join(tmp, f"{key}.npy"), array, allow_pickle=False)
             lengths[key] = len(array)
-        self._commit(tmp, split, index, lengths)
+        self._commit(tmp, split, index, lengths, tally)
 
     @contextlib.contextmanager
     def saving(self, split: str, index: int, **dtypes: Any) -> Iterator[PartWriter]:
@@ -259,9 +269,12 @@ class Parts:
         os.makedirs(tmp)
         return tmp
 
-    def _commit(self, tmp: str, split: str, index: int, lengths: dict[str, int]) -> None:
+    def _commit(self, tmp: str, split: str, index: int, lengths: dict[str, int],
+                tally: dict[str, int] | None = None) -> None:
         """The arrays in `tmp` (of `lengths`, in that order) become block `index`'s part."""
-        _write_json(os.path.join(tmp, META), {"lengths": lengths, "order": list(lengths)})
+        _write_json(os.path.join(tmp, META), {"lengths": lengths, "order": list(lengths),
+                                              "tally": {k: int(v) for k, v in
+                                                        (tally or {}).items()}})
         final = self._part(split, index)
         try:
             os.rename(tmp, final)
@@ -301,6 +314,10 @@ class Parts:
         meta = self._meta(split, index)
         return {key: int(meta["lengths"][key]) for key in meta["order"]}
 
+    def tally(self, split: str, index: int) -> dict[str, int]:
+        """The counts block `index` was saved with (`save`)."""
+        return dict(self._meta(split, index).get("tally", {}))
+
     # -- a recipe's own state -------------------------------------------------------------
 
     def path(self, name: str) -> str:
@@ -339,26 +356,3 @@ class Parts:
         if kind is None or issubclass(kind, PrepError):
             self.remove()
 
-
-class Numbered:
-    """A split's parts known by sparse keys (a file's place and a block in it, when a file's
-    blocks are counted only as it is read), seen as blocks 0..n-1 in key order: what
-    `merge.write_parts` and a recipe's rounds over ranks expect."""
-
-    def __init__(self, parts: Parts, keys: Sequence[int]) -> None:
-        self.parts, self.keys = parts, sorted(keys)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def done(self, split: str, index: int) -> bool:
-        return self.parts.done(split, self.keys[index])
-
-    def save(self, split: str, index: int, **arrays: np.ndarray) -> None:
-        self.parts.save(split, self.keys[index], **arrays)
-
-    def load(self, split: str, index: int) -> dict[str, np.ndarray]:
-        return self.parts.load(split, self.keys[index])
-
-    def lengths(self, split: str, index: int) -> dict[str, int]:
-        return self.parts.lengths(split, self.keys[index])

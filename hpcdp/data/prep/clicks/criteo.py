@@ -1,4 +1,4 @@
-"""Criteo click logs: parsing a line, the feature rules, and the lines of a file's byte range.
+"""Criteo click logs: parsing lines, the feature rules, the limits on what is read.
 
 A line holds 40 tab-separated fields: the label (0 or 1), 13 integer counts
 (I1..I13) and 26 categorical values (C1..C26), each 8 hexadecimal digits (at
@@ -22,7 +22,7 @@ shared the files out is an error naming it.
 
 Nothing here depends on which process reads which rows, so any number of ranks
 give the same ids. `parse_lines` is pure; `criteo_blocks` reads the lines of a block
-of a file (gzip files are first decompressed whole, with `gzip_budget` as their limit).
+of a file (gzip files inflated a block at a time, with `gzip_budget` as their limit).
 """
 
 from __future__ import annotations

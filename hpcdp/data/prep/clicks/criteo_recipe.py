@@ -18,18 +18,20 @@ through the preparation frame (`hpcdp.data.prep.frame`, `blocks`, `parts`):
    from the vocabulary of the values seen at least ``--min-count`` times in the training
    rows, counted on owner ranks (`hpcdp.data.prep.clicks.criteo_vocab`: each rank holds
    about 1/P of the distinct values), then a second pass over the parts asks the owners
-   for the ids of each block's distinct values.
+   for the ids of each block's distinct values, saved beside the block's part.
 3. The final files hold the blocks' rows in file and block order (prefix sums of the
-   rows per block), so 1 and N ranks write the same files, each under a temporary name
+   rows per block, the clicks and skipped lines tallied with each part summed in the
+   same all-gather), so 1 and N ranks write the same files, each under a temporary name
    renamed when complete; nothing is replaced without ``--overwrite``.
 
+Each line is parsed once, and no part is read again but to make its ids or to be copied.
 A rank holds about one block of input and its rows (and its share of the vocabulary),
 whatever the size of the logs. The cost: the rows are written twice (parts, then the
-final files; with a vocabulary the parts once more with their ids), and until the end
-the work folder holds the parts (about the output's size; twice with a vocabulary) and
-the chunks inflated but not yet parsed. A killed run continues from its completed blocks
-with ``--resume`` (a gzip file inflated again up to them, unless it was inflated whole;
-and from the counted vocabulary if the number of ranks is the same).
+final files; with a vocabulary the ids twice too), and until the end the work folder
+holds the parts (about the output's size; with a vocabulary also each block's values
+and ids) and the chunks inflated but not yet parsed. A killed run continues from its
+completed blocks with ``--resume`` (a gzip file inflated again up to them, unless it was
+inflated whole; and from the counted vocabulary if the number of ranks is the same).
 """
 
 from __future__ import annotations
@@ -48,22 +50,23 @@ from typing import Any
 import numpy as np
 
 from hpcdp.data.format import samples
-from hpcdp.data.prep import frame as prep_run
+from hpcdp.data.prep import frame
 from hpcdp.data.prep.blocks import plan_blocks, rank_blocks
 from hpcdp.data.prep.clicks import criteo as cr
 from hpcdp.data.prep.clicks import criteo_blocks as cb
 from hpcdp.data.prep.clicks import criteo_schedule as cs
 from hpcdp.data.prep.clicks import criteo_vocab as cv
-from hpcdp.data.prep.merge import root_attrs, write_parts
-from hpcdp.data.prep.parts import Numbered, Parts, fingerprint
+from hpcdp.data.prep.merge import part_layout, root_attrs
+from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.progress import Progress
-from hpcdp.data.prep.world import PrepError, allreduce, check_world, world
-from hpcdp.runtime.crash import report_crashes
+from hpcdp.data.prep.recipe import Recipe, Run, Split
+from hpcdp.data.prep.world import PrepError
 
 PROG = "datasets/criteo.py"
-RECIPE = "criteo"
 SPLITS = ("train", "val")
 OPTION = {"train": "--files", "val": "--val-files"}
+OUTPUTS = [f"{split}.h5" for split in SPLITS]
+REFUSAL = "{first} exists; pass --overwrite to replace it (nothing was written)"
 #: Bytes of one written row over the three datasets.
 ROW_BYTES = cr.DENSE * 4 + cr.CATEGORICAL * 4 + 1
 #: Rows copied from the parts to a final file at once.
@@ -89,18 +92,14 @@ class IdRule:
 
 @dataclass(frozen=True)
 class Inputs:
+    """The checked options: the files of each split (in order), the id rule, the block
+    size and whether bad lines are skipped; the fingerprint a resume must match is these
+    and the files' sizes and times (not the number of ranks)."""
+
     files: dict[str, list[str]]  # split -> paths
     rule: IdRule
     block_bytes: int
     skip_bad: bool
-
-    def fingerprint(self) -> dict[str, Any]:
-        """Every option that changes the parts or the files (not the number of ranks), and
-        the files of each split, in order, with their sizes and times."""
-        files = {s: [os.path.realpath(p) for p in paths] for s, paths in self.files.items()}
-        return fingerprint({"files": files, **self.rule.describe(),
-                            "block_bytes": self.block_bytes, "skip_bad": self.skip_bad},
-                           files=[p for paths in self.files.values() for p in paths])
 
 
 # -- reading --------------------------------------------------------------------------
@@ -159,9 +158,11 @@ def gzip_state(split: str, pos: int) -> str:
     return f"gzip-{split}-{pos:05d}"
 
 
-def parsed_part(split: str, inputs: Inputs) -> str:
-    """The parts a block is parsed into: final with hashed ids, raw with a vocabulary."""
-    return f"{split}-raw" if inputs.rule.buckets is None else split
+def part_names(split: str, inputs: Inputs) -> tuple[str, ...]:
+    """The parts whose arrays are a block's rows: with hashed ids the one it is parsed into;
+    with a vocabulary the one it is parsed into (its values encoded, ``SPLIT-raw``) and its
+    ids, made once the vocabulary is known (``SPLIT``)."""
+    return (split,) if inputs.rule.buckets is not None else (f"{split}-raw", split)
 
 
 def known_units(split: str, inputs: Inputs, parts: Parts) -> tuple[dict[int, Unit], list[int]]:
@@ -254,7 +255,7 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
     if pos not in inflaters:
         inflaters[pos] = cb.Inflater(path, inputs.block_bytes)
     inflater = inflaters[pos]
-    part = parsed_part(split, inputs)
+    part = part_names(split, inputs)[0]
     report = Round()
     took = 0.0  # seconds the last block took
     while not inflater.finished and (not report.units or time.monotonic() + took / 2 <= until):
@@ -281,10 +282,11 @@ def _inflate(split: str, pos: int, inputs: Inputs, parts: Parts,
 def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: bool
                 ) -> cv.BlockValues | None:
     """Block `unit` parsed into its part (hashed ids: the final part; a vocabulary: its
-    values encoded (`criteo_vocab.BlockValues`), ``split-raw``); those values when
-    `counting` (from the part if there). A chunk file goes once its part is saved."""
+    values encoded (`criteo_vocab.BlockValues`), ``split-raw``), its clicks and skipped
+    lines tallied with it; those values when `counting` (from the part if there). A chunk
+    file goes once its part is saved."""
     vocab = inputs.rule.buckets is None
-    name = parsed_part(split, inputs)
+    name = part_names(split, inputs)[0]
     if parts.done(name, unit.key):
         return cv.BlockValues.from_arrays(parts.load(name, unit.key)) if counting else None
     buckets = int(inputs.rule.buckets or 0)
@@ -299,16 +301,18 @@ def parse_block(split: str, unit: Unit, inputs: Inputs, parts: Parts, counting: 
     except OSError as exc:  # reading (saving the part below is not bad input)
         raise cr.CriteoError(f"{unit.name}: cannot be read: {exc}") from None
     arrays = {"dense": _join(dense, (cr.DENSE,), np.float32),
-              "label": _join(label, (), np.uint8), "skipped": np.asarray([skipped], np.int64)}
+              "label": _join(label, (), np.uint8)}
+    tally = {"clicks": int(np.sum(arrays["label"], dtype=np.int64)), "skipped": skipped}
     values = None
     if vocab:  # the values field by field, the pieces let go before they are encoded
         by_field = np.concatenate([v.T for v in ids], axis=1) if ids else np.zeros(
             (cr.CATEGORICAL, 0), np.int64)
         ids.clear()
         values = cv.BlockValues.encode(by_field)
-        parts.save(name, unit.key, **arrays, **values.arrays())
+        parts.save(name, unit.key, tally, **arrays, **values.arrays())
     else:
-        parts.save(name, unit.key, **arrays, sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
+        parts.save(name, unit.key, tally, **arrays,
+                   sparse=_join(ids, (cr.CATEGORICAL,), np.int32))
     if unit.first_line is not None and os.path.exists(unit.path):
         os.remove(unit.path)  # a chunk, parsed
     return values if counting else None
@@ -345,111 +349,99 @@ def vocabulary(inputs: Inputs, parts: Parts, progress: Any, comm: Any
     return keys, shard
 
 
-def map_split(split: str, blocks: Numbered, shard: cv.Shard, comm: Any) -> None:
-    """Collective: each of this rank's raw parts of `split` saved again with the ids its
-    values have in the vocabulary (asked of the owners, one round of blocks at a time)."""
-    n_blocks = len(blocks)
-    mine = rank_blocks(n_blocks, comm.rank, comm.size)
-    rounds = max(len(rank_blocks(n_blocks, r, comm.size)) for r in range(comm.size))
-    for k in range(rounds):
-        index = mine[k] if k < len(mine) and not blocks.done(split, mine[k]) else None
-        raw = blocks.load(f"{split}-raw", index) if index is not None else None
+def map_split(split: str, keys: Sequence[int], inputs: Inputs, shard: cv.Shard, parts: Parts,
+              comm: Any) -> None:
+    """Collective: the ids of the values of each of this rank's raw parts of `split` (keys
+    `keys`, rounds over ranks as `rank_blocks`) asked of their owners, one round of blocks
+    at a time, and saved beside them (``SPLIT``)."""
+    raw_name, ids_name = part_names(split, inputs)
+    mine = [keys[i] for i in rank_blocks(len(keys), comm.rank, comm.size)]
+    for k in range(-(-len(keys) // comm.size)):  # every rank's number of rounds
+        key = mine[k] if k < len(mine) and not parts.done(ids_name, mine[k]) else None
+        raw = parts.load(raw_name, key) if key is not None else None
         # collective: the values' ids asked of their owners, and their questions answered
         ids = cv.ask_ids(comm, cv.BlockValues.from_arrays(raw) if raw else None, shard)
-        if raw is not None:
-            blocks.save(split, index, dense=raw["dense"], sparse=ids, label=raw["label"],
-                        skipped=raw["skipped"])
+        if key is not None:
+            parts.save(ids_name, key, sparse=ids)
 
 
 # -- writing ----------------------------------------------------------------------------
 
 
-def split_attrs(split: str, n: int, sizes: Sequence[int], inputs: Inputs, skipped: int,
-                clicks: int) -> dict[str, Any]:
+def datasets(inputs: Inputs, split: Split, f: Any, totals: dict[str, int], tally: Any
+             ) -> dict[str, Any]:
+    """The three row-aligned datasets, chunked alike."""
+    n = totals["label"]
+    chunk = samples.chunk_rows(ROW_BYTES, n)
+    return {name: f.create_dataset(name, shape=(n, *tail), dtype=dtype, chunks=(chunk, *tail),
+                                   fill_time="never")
+            for name, tail, dtype in (("dense", (cr.DENSE,), np.float32),
+                                      ("sparse", (cr.CATEGORICAL,), np.int32),
+                                      ("label", (), np.uint8))}
+
+
+def attributes(inputs: Inputs, split: Split, totals: dict[str, int], tally: dict[str, int]
+               ) -> dict[str, Any]:
+    """What a model is built from (the table sizes, `split.source`) and what was read."""
+    n = totals["label"]
     schema = {"dense": {"shape": [n, cr.DENSE], "dtype": "float32"},
               "sparse": {"shape": [n, cr.CATEGORICAL], "dtype": "int32"},
               "label": {"shape": [n], "dtype": "uint8"}}
     params = {"files": inputs.files["train"], "val_files": inputs.files["val"],
               **inputs.rule.describe()}
-    return root_attrs(schema, n, "criteo", split, params, more={
-        "table_sizes": np.asarray(sizes, np.int64),
+    return root_attrs(schema, n, "criteo", split.name, params, more={
+        "table_sizes": np.asarray(split.source, np.int64),
         "field_names": json.dumps(list(cr.CATEGORICAL_NAMES)),
         "dense_names": json.dumps(list(cr.DENSE_NAMES)), "dense_features": cr.DENSE,
         "dense_rule": "log(1 + max(count, 0)); empty as 0",
-        "click_rate": clicks / n, "skipped_rows": skipped, **inputs.rule.describe()})
+        "click_rate": tally.get("clicks", 0) / n, "skipped_rows": tally.get("skipped", 0),
+        **inputs.rule.describe()})
 
 
-def split_totals(split: str, blocks: Numbered, comm: Any) -> tuple[int, int, int]:
-    """Collective: (rows, clicks, bad lines skipped) of every rank's parts of `split`."""
-    rows = clicks = skipped = 0
-    for i in rank_blocks(len(blocks), comm.rank, comm.size):
-        part = blocks.load(split, i)
-        rows += len(part["label"])
-        clicks += int(np.sum(part["label"], dtype=np.int64))
-        skipped += int(part["skipped"][0])
-    return tuple(allreduce(comm, x) for x in (rows, clicks, skipped))  # type: ignore
+def read_splits(inputs: Inputs, parts: Parts, comm: Any
+                ) -> tuple[dict[str, list[int]], list[int], cv.Shard | None]:
+    """Collective: both splits parsed into parts (counting the vocabulary's values); the
+    block keys of each, the table sizes and this rank's vocabulary shard (hashed: None)."""
+    total = sum(os.path.getsize(p) for split in SPLITS for p in inputs.files[split])
+    progress = Progress(comm, "reading", total, "B", prog=PROG)
+    try:
+        if inputs.rule.buckets is not None:
+            return ({split: parse_split(split, inputs, parts, None, progress, comm)
+                     for split in SPLITS}, [inputs.rule.buckets] * cr.CATEGORICAL, None)
+        keys, shard = vocabulary(inputs, parts, progress, comm)
+        return keys, list(shard.table_sizes), shard
+    finally:
+        progress.close()
 
 
-def write_split(out: str, split: str, blocks: Numbered, totals: tuple[int, int, int],
-                sizes: Sequence[int], inputs: Inputs, comm: Any) -> str:
-    """Collective: OUT/SPLIT.h5 from every rank's parts, in block order; its path."""
-    n, clicks, skipped = totals
-    chunk = samples.chunk_rows(ROW_BYTES, n)
-
-    def datasets(f: Any, total: int) -> dict[str, Any]:
-        dsets = {name: f.create_dataset(name, shape=(total, *tail), dtype=dtype,
-                                        chunks=(chunk, *tail), fill_time="never")
-                 for name, tail, dtype in (("dense", (cr.DENSE,), np.float32),
-                                           ("sparse", (cr.CATEGORICAL,), np.int32),
-                                           ("label", (), np.uint8))}
-        for key, value in split_attrs(split, total, sizes, inputs, skipped, clicks).items():
-            f.attrs[key] = value
-        return dsets
-
-    final = os.path.join(out, f"{split}.h5")
-    write_parts(final, blocks, split, rank_blocks(len(blocks), comm.rank, comm.size),
-                datasets, comm, SLAB_ROWS)
-    return final
-
-
-def write(args: argparse.Namespace, inputs: Inputs, comm: Any) -> list[str]:
-    """Collective: parse, agree, make the ids and write both splits; the paths written."""
-    with Parts(args.out, RECIPE, inputs.fingerprint(), comm, args.resume) as parts:
-        total = sum(os.path.getsize(p) for split in SPLITS for p in inputs.files[split])
-        progress = Progress(comm, "reading", total, "B", prog=PROG)
-        try:
-            if inputs.rule.buckets is not None:
-                sizes = [inputs.rule.buckets] * cr.CATEGORICAL
-                keys = {split: parse_split(split, inputs, parts, None, progress, comm)
-                        for split in SPLITS}
-            else:
-                keys, shard = vocabulary(inputs, parts, progress, comm)
-                sizes = list(shard.table_sizes)
-        finally:
-            progress.close()
-        blocks = {split: Numbered(parts, keys[split]) for split in SPLITS}
-        if inputs.rule.buckets is None:
-            for split in SPLITS:
-                map_split(split, blocks[split], shard, comm)
-        totals = {s: split_totals(s, blocks[s], comm) for s in SPLITS}
-        for split in SPLITS:  # before any file is written
-            if totals[split][0] == 0:
-                raise CriteoPrepError(f"{OPTION[split]}: no rows "
-                                      f"({', '.join(inputs.files[split])})")
-        return [write_split(args.out, split, blocks[split], totals[split], sizes, inputs, comm)
-                for split in SPLITS]
+def write(run: Run) -> list[str]:
+    """Collective: parse, agree, make the ids and write both splits; the paths written.
+    The blocks are known only as the logs are read (a gzip file's as it is inflated)."""
+    inputs, parts, comm = run.inputs, run.parts, run.comm
+    keys, sizes, shard = read_splits(inputs, parts, comm)
+    if shard is not None:
+        for split in SPLITS:
+            map_split(split, keys[split], inputs, shard, parts, comm)
+    mine = {s: [keys[s][i] for i in rank_blocks(len(keys[s]), comm.rank, comm.size)]
+            for s in SPLITS}
+    layouts = {s: part_layout(parts, part_names(s, inputs), mine[s], comm) for s in SPLITS}
+    for split in SPLITS:  # before any file is written
+        if not layouts[split].totals.get("label"):
+            raise CriteoPrepError(f"{OPTION[split]}: no rows "
+                                  f"({', '.join(inputs.files[split])})")
+    return [run.write(Split(s, keys[s], "", "", SLAB_ROWS, source=sizes,
+                            parts=part_names(s, inputs)), mine[s], layouts[s].tally)
+            for s in SPLITS]
 
 
 # -- command line ---------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--files", nargs="+", required=True, metavar="TRAIN",
                    help="training logs, plain or .gz (globs expanded here, each sorted)")
     p.add_argument("--val-files", nargs="+", required=True, metavar="VAL",
                    help="validation logs, plain or .gz")
-    p.add_argument("--out", required=True, help="output folder (train.h5, val.h5)")
     rule = p.add_mutually_exclusive_group(required=True)
     rule.add_argument("--buckets", type=int,
                       help="hash each field's values into N rows (id 0: empty)")
@@ -458,32 +450,29 @@ def build_parser() -> argparse.ArgumentParser:
                            "files (id 0: empty, 1: rarer or unseen)")
     p.add_argument("--skip-bad", action="store_true",
                    help="leave out bad lines and count them (default: the first is an error)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    prep_run.add_common_options(p)
-    return p
 
 
 def check(args: argparse.Namespace, comm: Any) -> Inputs:
     """Every check of the options, on this rank."""
-    check_world(comm.size)
     if args.buckets is not None and not 2 <= args.buckets < 2**31:
         raise CriteoPrepError(f"--buckets must be in [2, 2**31), got {args.buckets}")
     if args.min_count is not None and args.min_count < 1:
         raise CriteoPrepError(f"--min-count must be at least 1, got {args.min_count}")
-    block_bytes = prep_run.block_bytes(args.block_mib)
+    block_bytes = frame.block_bytes(args.block_mib)
     files = {"train": expand(args.files, "--files"),
              "val": expand(args.val_files, "--val-files")}
     both = {os.path.realpath(p) for p in files["train"]} & {
         os.path.realpath(p) for p in files["val"]}
     if both:
         raise CriteoPrepError(f"{sorted(both)[0]}: named in both --files and --val-files")
-    prep_run.check_outputs(args.out, [f"{s}.h5" for s in SPLITS], args.overwrite,
-                           refusal="{first} exists; pass --overwrite to replace it (nothing "
-                                   "was written)", resume=args.resume)
+    # The folder is made here, once the options pass: a bad line found while reading then
+    # leaves it there and empty (no file, no work folder), where the frame would remove a
+    # folder it made itself.
+    frame.check_outputs(args.out, OUTPUTS, args.overwrite, REFUSAL, resume=args.resume)
     return Inputs(files, IdRule(args.buckets, args.min_count), block_bytes, args.skip_bad)
 
 
-def summary(paths: list[str], seconds: float, ranks: int) -> None:
+def summary(inputs: Inputs, paths: list[str], seconds: float, ranks: int) -> None:
     import h5py
 
     for path in paths:
@@ -496,14 +485,16 @@ def summary(paths: list[str], seconds: float, ranks: int) -> None:
     print(f"{PROG}: {seconds:.2f} s on {ranks} rank(s)", flush=True)
 
 
+RECIPE = Recipe(
+    "criteo", "Criteo click logs (plain or .gz) -> train.h5, val.h5 for the recsys task",
+    options, check, lambda inputs: OUTPUTS, lambda inputs: [], None,
+    datasets, summary, attributes,
+    files=lambda inputs: [p for split in SPLITS for p in inputs.files[split]], write=write,
+    prog=PROG, description=__doc__.splitlines()[0], refusal=REFUSAL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    report_crashes()
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = world()
-    return prep_run.run(PROG, comm, lambda: check(args, comm),
-                        lambda inputs: write(args, inputs, comm),
-                        lambda written, seconds: summary(written, seconds, comm.size),
-                        stall_s=args.stall_timeout)
+    return frame.main(RECIPE, argv)
 
 
 if __name__ == "__main__":

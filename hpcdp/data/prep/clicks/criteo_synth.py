@@ -33,9 +33,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import IO
 
 import numpy as np
 
@@ -126,13 +125,14 @@ class CriteoSynth:
     def write(self, split: str, n: int, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """`n` rows of `split`, spread evenly over `paths` (.gz ones gzipped); labels, probs."""
         labels, probs = [], []
-        with contextlib.ExitStack() as stack:
-            handles = [stack.enter_context(_open_for_writing(p)) for p in paths]
-            for k in range(-(-n // BLOCK)):
-                lines, label, prob = self.block(split, k, min(BLOCK, n - k * BLOCK))
-                handles[k * len(handles) * BLOCK // max(n, 1)].writelines(lines)
-                labels.append(label)
-                probs.append(prob)
+
+        def lines(k: int, rows: int) -> bytes:
+            text, label, prob = self.block(split, k, rows)
+            labels.append(label)
+            probs.append(prob)
+            return b"".join(text)
+
+        write_blocks(n, paths, lines)
         return np.concatenate(labels), np.concatenate(probs)
 
 
@@ -204,18 +204,21 @@ def scale_block(spec: ScaleSpec, split: str, k: int, n: int) -> bytes:
 
 def write_scale(spec: ScaleSpec, split: str, n: int, paths: Sequence[str]) -> int:
     """`n` rows of `split` spread evenly over `paths` (.gz ones gzipped); the bytes written."""
+    return write_blocks(n, paths, lambda k, rows: scale_block(spec, split, k, rows))
+
+
+def write_blocks(n: int, paths: Sequence[str], lines: Callable[[int, int], bytes]) -> int:
+    """The lines of `n` rows, ``lines(k, rows)`` for each generation block k, spread evenly
+    over `paths` (.gz ones gzipped); the bytes written."""
     written = 0
     with contextlib.ExitStack() as stack:
-        handles = [stack.enter_context(_open_for_writing(p)) for p in paths]
+        handles = [stack.enter_context(gzip.open(p, "wb") if p.endswith(".gz")  # noqa: SIM115
+                                       else open(p, "wb")) for p in paths]  # noqa: SIM115
         for k in range(-(-n // BLOCK)):
-            text = scale_block(spec, split, k, min(BLOCK, n - k * BLOCK))
+            text = lines(k, min(BLOCK, n - k * BLOCK))
             handles[k * len(handles) * BLOCK // max(n, 1)].write(text)
             written += len(text)
     return written
-
-
-def _open_for_writing(path: str) -> IO[bytes]:
-    return gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")  # noqa: SIM115
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -249,7 +252,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(oracle, fh, indent=1)
     print(json.dumps(oracle))
     return 0
-
 
 
 def write_terabyte_like(out: str, spec: CriteoSynthSpec, days: int) -> int:

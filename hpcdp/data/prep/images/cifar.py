@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdp.data.prep import samples
 from hpcdp.data.prep.arrays import Source, SourceError
 from hpcdp.data.prep.bounded import shown
 from hpcdp.data.prep.images.stats import channel_stats, integer_sums
@@ -292,25 +293,6 @@ def _need(members: dict[str, bytes], name: str, where: str) -> bytes:
     return members[name]
 
 
-def _binary(members: dict[str, bytes], where: str, kind: str, labels: str) -> Batches:
-    if kind == "cifar10":
-        classes = _names(_need(members, "batches.meta.txt", where), f"{where}/batches.meta.txt")
-        parts = [_records(_need(members, f"data_batch_{i}.bin", where),
-                          f"{where}/data_batch_{i}.bin", 1, 0, len(classes)) for i in range(1, 6)]
-        val = _records(_need(members, "test_batch.bin", where), f"{where}/test_batch.bin", 1, 0,
-                       len(classes))
-        return Batches("cifar10", np.concatenate([p[0] for p in parts]),
-                       np.concatenate([p[1] for p in parts]), *val, classes)
-    names_file = f"{labels}_label_names.txt"
-    classes = _names(_need(members, names_file, where), f"{where}/{names_file}")
-    index = 0 if labels == "coarse" else 1
-    train = _records(_need(members, "train.bin", where), f"{where}/train.bin", 2, index,
-                     len(classes))
-    val = _records(_need(members, "test.bin", where), f"{where}/test.bin", 2, index,
-                   len(classes))
-    return Batches("cifar100", *train, *val, classes)
-
-
 def _get(d: Any, key: str, where: str) -> Any:
     if not isinstance(d, dict) or key.encode() not in d:
         keys = sorted(k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
@@ -357,32 +339,36 @@ def _label_names(meta: Any, key: str, where: str) -> list[str]:
         raise SourceError(f"{where}: {key!r}: a name that is not UTF-8: {exc}") from None
 
 
-def _python(members: dict[str, bytes], where: str, kind: str, labels: str) -> Batches:
-    if kind == "cifar10":
-        meta = f"{where}/batches.meta"
-        classes = _label_names(safe_load(_need(members, "batches.meta", where), meta),
-                               "label_names", meta)
-        parts = [_batch(_need(members, f"data_batch_{i}", where), f"{where}/data_batch_{i}",
-                        "labels", len(classes)) for i in range(1, 6)]
-        val = _batch(_need(members, "test_batch", where), f"{where}/test_batch", "labels",
-                     len(classes))
-        return Batches("cifar10", np.concatenate([p[0] for p in parts]),
-                       np.concatenate([p[1] for p in parts]), *val, classes)
-    meta = f"{where}/meta"
-    classes = _label_names(safe_load(_need(members, "meta", where), meta),
-                           f"{labels}_label_names", meta)
-    key = f"{labels}_labels"
-    train = _batch(_need(members, "train", where), f"{where}/train", key, len(classes))
-    val = _batch(_need(members, "test", where), f"{where}/test", key, len(classes))
-    return Batches("cifar100", *train, *val, classes)
+def _batches(members: dict[str, bytes], where: str, layout: Layout, labels: str) -> Batches:
+    """The batches in the layout's order (the last one val) and the label names; CIFAR-100
+    takes its ``labels`` (fine or coarse) where CIFAR-10 has one."""
+    many = layout.kind == "cifar100"
+    if layout.binary:
+        names = f"{labels}_label_names.txt" if many else layout.names[0]
+        classes = _names(_need(members, names, where), f"{where}/{names}")
+        label_bytes, index = (2, 0 if labels == "coarse" else 1) if many else (1, 0)
+
+        def read(name: str) -> tuple[np.ndarray, np.ndarray]:
+            return _records(_need(members, name, where), f"{where}/{name}", label_bytes,
+                            index, len(classes))
+    else:
+        meta = f"{where}/{layout.names[0]}"
+        classes = _label_names(safe_load(_need(members, layout.names[0], where), meta),
+                               f"{labels}_label_names" if many else "label_names", meta)
+        key = f"{labels}_labels" if many else "labels"
+
+        def read(name: str) -> tuple[np.ndarray, np.ndarray]:
+            return _batch(_need(members, name, where), f"{where}/{name}", key, len(classes))
+    train = [read(name) for name in layout.batches[:-1]]
+    x, y = train[0] if len(train) == 1 else (np.concatenate([t[0] for t in train]),
+                                             np.concatenate([t[1] for t in train]))
+    return Batches(layout.kind, x, y, *read(layout.batches[-1]), classes)
 
 
 def read_archive(path: str, labels: str = "fine") -> Batches:
     """The batches of a CIFAR-10/100 archive, binary or python version (told by its folder)."""
     folder, members = _members(path)
-    layout = LAYOUTS[folder]
-    reader = _binary if layout.binary else _python
-    return reader(members, f"{shown(path)}:{folder}", layout.kind, labels)
+    return _batches(members, f"{shown(path)}:{folder}", LAYOUTS[folder], labels)
 
 
 def cifar(path: str, labels: str = "fine") -> list[Source]:
@@ -397,3 +383,24 @@ def cifar(path: str, labels: str = "fine") -> list[Source]:
     params = {"dataset": b.kind, "labels": labels if b.kind == "cifar100" else "label"}
     return [_Split("train", b.train_x, b.train_y, params, attrs),
             _Split("val", b.val_x, b.val_y, params, attrs)]
+
+
+@dataclass(frozen=True)
+class Archive:
+    """What the CIFAR recipe's splits are made from."""
+
+    archive: str
+    labels: str
+
+
+def _options(p: Any) -> None:
+    p.add_argument("--archive", required=True, help="the .tar.gz as published")
+    p.add_argument("--labels", choices=("fine", "coarse"), default="fine",
+                   help="CIFAR-100: which label becomes y (CIFAR-10 has one)")
+
+
+RECIPE = samples.recipe(
+    "cifar", "a CIFAR-10/100 archive (binary or python version) -> train.h5, val.h5 (uint8 "
+    "3x32x32, class names, channel mean/std)", _options,
+    lambda args: Archive(args.archive, args.labels),
+    lambda made, seed: cifar(made.archive, made.labels), lambda made: [made.archive])

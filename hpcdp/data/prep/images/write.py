@@ -1,4 +1,4 @@
-"""Decode a split's images in bounded blocks into parts, then write the split's file from them.
+"""Decode a split's images in bounded blocks into parts, and what a split's file says of them.
 
 A split's files (in output order) are cut into blocks of about ``--block-mib`` of
 decoded pixels (at least `blocks.MIN_BLOCKS` blocks when there are as many files, so a
@@ -7,8 +7,8 @@ the blocks (`hpcdp.data.prep.blocks`). Each image is decoded once: a block's goo
 images become a part (``x`` uint8 ``(n, 3, S, S)``, ``y`` int64), and beside it the
 block's undecodable files and its exact per-channel integer sums (`stats`). The ranks
 agree on the bad files, the class counts and the statistics from those small
-summaries before any file is created; then `merge.write_parts` copies the parts to
-their rows, in block order, so 1 and N ranks write the same datasets and attributes.
+summaries before any file is created; then the frame copies the parts to their rows,
+in block order, so 1 and N ranks write the same datasets and attributes.
 A rank holds one block of images at a time; a part already saved (``--resume``) is
 kept, not decoded again.
 """
@@ -22,11 +22,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from hpcdp.data.format import samples
 from hpcdp.data.format.image_decode import MAX_PIXELS, DecodeError, decode
 from hpcdp.data.prep.images.shards import Member
 from hpcdp.data.prep.images.stats import integer_sums
-from hpcdp.data.prep.merge import root_attrs, write_parts
+from hpcdp.data.prep.merge import root_attrs
 
 
 def source_of(entry: Any) -> str | IO[bytes]:
@@ -127,24 +126,3 @@ def file_attrs(split: str, num_samples: int, size: int, classes: list[str],
     return root_attrs(schema, num_samples, params.get("source", "images"), split, params, seed,
                       {"classes": json.dumps(classes), "mean": np.asarray(mean, np.float64),
                        "std": np.asarray(std, np.float64), "bad_files_skipped": bad_skipped})
-
-
-def write_split(path: str, parts: Any, mine: range, meta: SplitFile, comm: Any) -> str:
-    """Collective: `path` from the parts of every rank's blocks, via a temporary name."""
-    n, s = meta.num_samples, meta.size
-    sample_bytes = 3 * s * s
-    chunk = samples.chunk_rows(sample_bytes, n)
-
-    def datasets(f: Any, total: int) -> dict[str, Any]:
-        x = f.create_dataset("x", shape=(total, 3, s, s), dtype=np.uint8,
-                             chunks=(chunk, 3, s, s), fill_time="never")
-        y = f.create_dataset("y", shape=(total,), dtype=np.int64,
-                             chunks=(samples.label_chunk_rows(chunk, total),),
-                             fill_time="never")
-        for key, value in meta.attrs.items():
-            f.attrs[key] = value
-        return {"x": x, "y": y}
-
-    write_parts(path, parts, meta.name, mine, datasets, comm,
-                samples.slab_rows(chunk, sample_bytes))
-    return path

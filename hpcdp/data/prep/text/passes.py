@@ -4,10 +4,8 @@
   of text, every k-th document of each block and training documents only, the same on
   any number of ranks (the rule below); gathered on rank 0, which trains.
 - `tokenize_blocks`: each block's documents read and tokenized a batch at a time into the
-  file's dtype and appended to its part (tokens, per-document lengths), which appears
-  whole when the block is done; a part already there (``--resume``) is kept.
-- `block_docs`: every block's document count, from the parts, on every rank: block b's
-  first document is the sum over the blocks before it, which decides the split.
+  file's dtype and appended to its part (tokens; each document's length and largest id),
+  which appears whole when the block is done; a part already there (``--resume``) is kept.
 
 A rank holds a batch of documents and their tokens at a time, even in a block that is a
 whole file (gzipped JSON Lines, Parquet: their records cannot be cut into byte ranges),
@@ -28,10 +26,7 @@ from hpcdp.data.prep import blocks as bk
 from hpcdp.data.prep import stall
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text.corpus import Corpus
-from hpcdp.data.prep.text.writer import TokenPrepError
-
-#: The split name of the tokenized blocks in the work folder (both splits together).
-DOCS = "docs"
+from hpcdp.data.prep.text.writer import DOCS, TokenPrepError
 
 
 def val_mask(first: int, n: int, fraction: float) -> np.ndarray:
@@ -45,13 +40,15 @@ def tokenize_blocks(corpus: Corpus, blocks: Sequence[bk.Block], mine: range,
                     tok: tz.Tokenizer, parts: Any, progress: Any) -> str | None:
     """Tokenize this rank's blocks into parts, a batch of documents at a time appended to
     the part as it is encoded; the first error, or None."""
-    dtypes = {"tokens": tk.token_dtype(tok.vocab_size), "lengths": np.int64}
+    dtype = tk.token_dtype(tok.vocab_size)
+    dtypes = {"tokens": dtype, "lengths": np.int64, "tops": dtype}
     for b in mine:
         if not parts.done(DOCS, b):
             try:
                 with parts.saving(DOCS, b, **dtypes) as part:
                     for tokens, lengths in tok.encode_batches(corpus.texts(blocks[b])):
-                        part.append(tokens=tokens, lengths=lengths)
+                        tops = np.maximum.reduceat(tokens, np.cumsum(lengths) - lengths)
+                        part.append(tokens=tokens, lengths=lengths, tops=tops)
                         stall.mark()  # a whole-file block is many batches
             except OSError as exc:  # e.g. a file removed since it was listed
                 return f"cannot read the corpus: {exc}"
@@ -79,15 +76,6 @@ def every_kth(corpus: Corpus, block: bk.Block, k: int
     except TokenPrepError as exc:
         return count, picked, str(exc)
     return count, picked, None
-
-
-def block_docs(parts: Any, mine: range, n_blocks: int, comm: Any) -> np.ndarray:
-    """Collective: the documents of every block, from the parts."""
-    counts = np.zeros(n_blocks, np.int64)
-    for got in comm.allgather([(b, parts.length(DOCS, b, "lengths")) for b in mine]):
-        for b, n in got:
-            counts[b] = n
-    return counts
 
 
 def sample_stride(total_bytes: int, sample_bytes: int) -> int:

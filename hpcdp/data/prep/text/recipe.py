@@ -18,8 +18,11 @@ process or under ``mpirun`` / ``srun --mpi=pmix``, in bounded blocks:
 4. The blocks' document counts number the documents: document g goes to validation
    when ``floor((g+1)f) > floor(g f)`` for ``--val-fraction f``, evenly spread and the
    same on any number of ranks. Every rank writes its blocks' documents of each split
-   into train.h5 and val.h5 (`hpcdp.data.prep.text.writer`), and tokenizer.json beside
-   them for BPE; then the work folder is removed.
+   into train.h5 and val.h5 through the one merge (`hpcdp.data.prep.text.writer`), and
+   tokenizer.json beside them for BPE; then the work folder is removed.
+
+The recipe is `RECIPE`, run by `frame.main` (the ranks, the common options, the output
+checks, the fingerprint of `Inputs`, the exit statuses); steps 2-4 are its `write` hook.
 
 A rank holds about one block at a time (its text, documents and tokens); the parts
 on disk hold the corpus's tokens until the end. A run stopped at any point (a time
@@ -36,6 +39,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,25 +47,41 @@ import numpy as np
 from hpcdp import files
 from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep import blocks as bk
-from hpcdp.data.prep import frame as prep_run
-from hpcdp.data.prep import stall
-from hpcdp.data.prep.parts import Parts
-from hpcdp.data.prep.parts import fingerprint as made_from
+from hpcdp.data.prep import frame, stall
+from hpcdp.data.prep.merge import part_layout
 from hpcdp.data.prep.progress import Progress
+from hpcdp.data.prep.recipe import SAME_BYTES, Recipe, Run
 from hpcdp.data.prep.text import documents as dc
 from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.corpus import Corpus, expand_files
-from hpcdp.data.prep.world import check_world, raise_agreed, wait_quietly, world
-from hpcdp.runtime.crash import report_crashes
+from hpcdp.data.prep.world import raise_agreed, wait_quietly
 
 PROG = "datasets/text.py"
-RECIPE = "text"
-MIB = 1 << 20
 #: Text a BPE is trained on at most, by default: rank 0 holds it and the library's counts
 #: of it, so it bounds that rank's memory whatever the corpus's size.
-DEFAULT_BPE_SAMPLE_BYTES = 256 * MIB
+DEFAULT_BPE_SAMPLE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The checked options: those the parts are made from (with the files' sizes and times,
+    what a resumed run must share), then what follows from them or changes no part."""
+
+    files: list[str]  # the corpus's files, expanded and sorted
+    lines: bool
+    field: str
+    val_fraction: float
+    tokenizer: str  # bytes, bpe, or the SHA-256 of the given tokenizer.json
+    vocab_size: int
+    eod_token: str
+    bpe_sample_bytes: int
+    block_bytes: int  # --block-mib, small enough for `blocks.MIN_BLOCKS` blocks
+    corpus: Corpus = field(metadata=SAME_BYTES)
+    params: dict[str, Any] = field(metadata=SAME_BYTES)  # the files' source_params
+    tokenizer_path: str = field(metadata=SAME_BYTES)  # --tokenizer as given
+    copies_tokenizer: bool = field(metadata=SAME_BYTES)  # tokenizer.json written in --out
 
 
 def is_val(index: int, fraction: float) -> bool:
@@ -72,29 +92,29 @@ def is_val(index: int, fraction: float) -> bool:
 # -- the steps ------------------------------------------------------------------------
 
 
-def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk.Block],
-                   mine: range, parts: Parts, comm: Any) -> tz.Tokenizer:
+def make_tokenizer(inputs: Inputs, blocks: Sequence[bk.Block], mine: range, parts: Any,
+                   comm: Any) -> tz.Tokenizer:
     """Collective: the tokenizer the options ask for, the same on every rank (a trained
     BPE is kept in the work folder, so a resumed run does not train it again)."""
-    if args.tokenizer == "bytes":
+    if inputs.tokenizer == "bytes":
         return tz.byte_level()
     shared = tz.share_threads(os.environ)
     try:
-        if args.tokenizer != "bpe":
-            return tz.load_json(args.tokenizer, args.eod_token)
+        if inputs.tokenizer != "bpe":
+            return tz.load_json(inputs.tokenizer_path, inputs.eod_token)
         saved = parts.load_state("tokenizer")
         if saved is not None:
-            return tz.from_json(saved["json"], "tokenizer.json", args.eod_token)
+            return tz.from_json(saved["json"], "tokenizer.json", inputs.eod_token)
     except tz.TokenizerError as exc:  # the same on every rank: each reads the same file
         raise tw.TokenPrepError(str(exc)) from None
-    progress = Progress(comm, "BPE sample", corpus.total, "B", PROG)
-    sample, error = passes.sample_for_bpe(corpus, blocks, mine, args.val_fraction,
-                                          args.bpe_sample_bytes, comm, progress)
+    progress = Progress(comm, "BPE sample", inputs.corpus.total, "B", PROG)
+    sample, error = passes.sample_for_bpe(inputs.corpus, blocks, mine, inputs.val_fraction,
+                                          inputs.bpe_sample_bytes, comm, progress)
     text = None
     if error is None and comm.rank == 0:  # trained apart, on every CPU of this rank
         try:
             with stall.waiting("training the BPE in a child process"):
-                text = tz.train_bpe_apart(sample, args.vocab_size, args.eod_token,
+                text = tz.train_bpe_apart(sample, inputs.vocab_size, inputs.eod_token,
                                           every_cpu=shared).json
         except tz.TokenizerError as exc:
             error = str(exc)
@@ -104,7 +124,7 @@ def make_tokenizer(args: argparse.Namespace, corpus: Corpus, blocks: Sequence[bk
     if error:
         raise tw.TokenPrepError(error)
     parts.save_state("tokenizer", {"json": text})
-    return tz.from_json(text, "tokenizer.json", args.eod_token)
+    return tz.from_json(text, "tokenizer.json", inputs.eod_token)
 
 
 def check_counts(counts: dict[str, int], fraction: float) -> None:
@@ -134,11 +154,9 @@ def selector(split: str, fraction: float) -> Any:
     return select
 
 
-def meta_for(tok: tz.Tokenizer, split: str, args: argparse.Namespace) -> tk.TokenMeta:
-    params = {"files": args.files, "lines": args.lines, "field": args.field,
-              "val_fraction": args.val_fraction,
-              "tokenizer": args.tokenizer}
-    return tk.TokenMeta(tok.vocab_size, tok.eod_id, tok.name, tok.sha256, split, "text", params)
+def meta_for(tok: tz.Tokenizer, split: str, inputs: Inputs) -> tk.TokenMeta:
+    return tk.TokenMeta(tok.vocab_size, tok.eod_id, tok.name, tok.sha256, split, "text",
+                        inputs.params)
 
 
 def save_tokenizer(out: str, tok: tz.Tokenizer, comm: Any) -> str | None:
@@ -154,9 +172,7 @@ def save_tokenizer(out: str, tok: tz.Tokenizer, comm: Any) -> str | None:
 # -- command line ---------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="output folder (train.h5, val.h5)")
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--files", nargs="+", required=True, metavar="GLOB",
                    help="text files (UTF-8), JSON Lines (.jsonl, .jsonl.gz, .json.gz) or Parquet "
                         "(.parquet); globs are expanded here ('**' recurses)")
@@ -184,9 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bpe-sample-bytes", type=int, default=DEFAULT_BPE_SAMPLE_BYTES,
                    metavar="N", help="a BPE is trained on at most about N bytes of the "
                    "training documents, every k-th of each block (default: 256 MiB)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    prep_run.add_common_options(p)
-    return p
 
 
 def _copies_tokenizer(args: argparse.Namespace) -> bool:
@@ -198,23 +211,13 @@ def _copies_tokenizer(args: argparse.Namespace) -> bool:
                                            and os.path.samefile(args.tokenizer, target))
 
 
-def _outputs(args: argparse.Namespace) -> list[str]:
-    names = ["train.h5"] + (["val.h5"] if args.val_fraction > 0 else [])
-    return names + (["tokenizer.json"] if _copies_tokenizer(args) else [])
+def _outputs(inputs: Inputs) -> list[str]:
+    names = ["train.h5"] + (["val.h5"] if inputs.val_fraction > 0 else [])
+    return names + (["tokenizer.json"] if inputs.copies_tokenizer else [])
 
 
-def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
-    """Every check of the options, on this rank; the corpus they name."""
-    check_world(comm.size)
-    if not 0 <= args.val_fraction < 1:
-        raise tw.TokenPrepError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
-        raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
-                                "or 'bpe')")
-    _block_bytes(args)
-    if args.bpe_sample_bytes < 1:
-        raise tw.TokenPrepError(f"--bpe-sample-bytes {args.bpe_sample_bytes}: expected a "
-                                "positive number of bytes")
+def _corpus(args: argparse.Namespace) -> Corpus:
+    """The corpus the options name, its record limits checked first."""
     for option, value in (("--max-record-bytes", args.max_record_bytes),
                           ("--max-expansion", args.max_expansion)):
         if value < 1:
@@ -225,61 +228,58 @@ def _setup(args: argparse.Namespace, comm: Any) -> Corpus:
         if kind == dc.PARQUET:
             dc.require_pyarrow(path)
             break
-    prep_run.check_outputs(args.out, _outputs(args), args.overwrite, resume=args.resume)
     return corpus
 
 
-def fingerprint(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
-    """Everything that changes the parts: the files as listed (with their sizes and times),
-    the options, the block size."""
+def check(args: argparse.Namespace, comm: Any) -> Inputs:
+    """Every check of the options, on this rank; the corpus they name."""
+    if not 0 <= args.val_fraction < 1:
+        raise tw.TokenPrepError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.tokenizer not in ("bytes", "bpe") and not os.path.isfile(args.tokenizer):
+        raise tw.TokenPrepError(f"--tokenizer {args.tokenizer}: no such file (or use 'bytes' "
+                                "or 'bpe')")
+    block = frame.block_bytes(args.block_mib)
+    if args.bpe_sample_bytes < 1:
+        raise tw.TokenPrepError(f"--bpe-sample-bytes {args.bpe_sample_bytes}: expected a "
+                                "positive number of bytes")
+    corpus = _corpus(args)
     tokenizer = (args.tokenizer if args.tokenizer in ("bytes", "bpe")
                  else tk.file_sha256(args.tokenizer))
-    return made_from({"files": list(corpus.paths), "lines": args.lines, "field": args.field,
-                      "val_fraction": args.val_fraction, "tokenizer": tokenizer,
-                      "vocab_size": args.vocab_size, "eod_token": args.eod_token,
-                      "bpe_sample_bytes": args.bpe_sample_bytes,
-                      "block_bytes": corpus_block_bytes(args, corpus)}, files=corpus.paths)
+    params = {"files": args.files, "lines": args.lines, "field": args.field,
+              "val_fraction": args.val_fraction, "tokenizer": args.tokenizer}
+    # Small enough for MIN_BLOCKS blocks, so that ranks share a small corpus too.
+    block = min(block, max(1, -(-corpus.total // bk.MIN_BLOCKS)))
+    return Inputs(list(corpus.paths), args.lines, args.field, args.val_fraction, tokenizer,
+                  args.vocab_size, args.eod_token, args.bpe_sample_bytes, block, corpus,
+                  params, args.tokenizer, _copies_tokenizer(args))
 
 
-def _block_bytes(args: argparse.Namespace) -> int:
-    return prep_run.block_bytes(args.block_mib)
-
-
-def corpus_block_bytes(args: argparse.Namespace, corpus: Corpus) -> int:
-    """``--block-mib``, but small enough for `blocks.MIN_BLOCKS` blocks of the corpus, so
-    that a small corpus is still shared by the ranks (the corpus's size alone decides)."""
-    return min(_block_bytes(args), max(1, -(-corpus.total // bk.MIN_BLOCKS)))
-
-
-def _write(args: argparse.Namespace, corpus: Corpus, comm: Any) -> tuple[list[str], str | None]:
-    """Collective: tokenize this rank's blocks into parts, write the splits (and
-    tokenizer.json), remove the parts; the paths written."""
-    blocks = corpus.blocks(corpus_block_bytes(args, corpus))
+def write(run: Run) -> tuple[list[str], str | None]:
+    """Collective: tokenize this rank's blocks into parts, then write the splits (and
+    tokenizer.json); the paths written."""
+    inputs, parts, comm = run.inputs, run.parts, run.comm
+    blocks = inputs.corpus.blocks(inputs.block_bytes)
     mine = bk.rank_blocks(len(blocks), comm.rank, comm.size)
-    parts = Parts(args.out, RECIPE, fingerprint(args, corpus), comm, args.resume)
-    prep_run.resume_note(comm, PROG, parts, passes.DOCS, mine)
-    try:
-        tok = make_tokenizer(args, corpus, blocks, mine, parts, comm)
-        progress = Progress(comm, "tokenized", corpus.total, "B", PROG)
-        error = passes.tokenize_blocks(corpus, blocks, mine, tok, parts, progress)
-        progress.close()
-        raise_agreed(comm, error, tw.TokenPrepError)
-        docs = passes.block_docs(parts, mine, len(blocks), comm)
-        check_counts(split_totals(int(docs.sum()), args.val_fraction), args.val_fraction)
-    except tw.TokenPrepError:  # bad input: nothing written, nothing kept to resume from
-        parts.remove()
-        raise
-    firsts = np.cumsum(docs) - docs
-    written = [tw.write_split_parts(args.out, split, parts, mine, firsts,
-                                    selector(split, args.val_fraction),
-                                    meta_for(tok, split, args), comm)
-               for split in (("train", "val") if args.val_fraction > 0 else ("train",))]
-    saved = save_tokenizer(args.out, tok, comm) if _copies_tokenizer(args) else None
-    parts.remove()
+    frame.resume_note(comm, PROG, parts, passes.DOCS, mine)
+    tok = make_tokenizer(inputs, blocks, mine, parts, comm)
+    progress = Progress(comm, "tokenized", inputs.corpus.total, "B", PROG)
+    error = passes.tokenize_blocks(inputs.corpus, blocks, mine, tok, parts, progress)
+    progress.close()
+    raise_agreed(comm, error, tw.TokenPrepError)
+    layout = part_layout(parts, passes.DOCS, mine, comm)  # each block's first document
+    total = layout.totals.get("lengths", 0)
+    check_counts(split_totals(total, inputs.val_fraction), inputs.val_fraction)
+    firsts = np.array([layout.starts[b]["lengths"] for b in range(len(blocks))], np.int64)
+    written = [tw.write_split_parts(run.out, split, parts, mine, firsts,
+                                    selector(split, inputs.val_fraction),
+                                    meta_for(tok, split, inputs), comm)
+               for split in (("train", "val") if inputs.val_fraction > 0 else ("train",))]
+    saved = save_tokenizer(run.out, tok, comm) if inputs.copies_tokenizer else None
     return written, saved
 
 
-def _summary(result: tuple[list[str], str | None], seconds: float, ranks: int) -> None:
+def summary(inputs: Inputs, result: tuple[list[str], str | None], seconds: float,
+            ranks: int) -> None:
     written, saved = result
     tw.report_written(PROG, written)
     if saved:
@@ -287,14 +287,15 @@ def _summary(result: tuple[list[str], str | None], seconds: float, ranks: int) -
     print(f"{PROG}: {seconds:.2f} s on {ranks} rank(s)", flush=True)
 
 
+RECIPE = Recipe(
+    "text", "text, JSON Lines or Parquet corpora -> token files (bytes, BPE, tokenizer.json)",
+    _options, check, _outputs, lambda inputs: [], None, None, summary,
+    files=lambda inputs: inputs.files, write=write, prog=PROG,
+    description=__doc__.splitlines()[0])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    report_crashes()
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    comm = world()
-    return prep_run.run(PROG, comm, lambda: _setup(args, comm),
-                        lambda corpus: _write(args, corpus, comm),
-                        lambda result, seconds: _summary(result, seconds, comm.size),
-                        stall_s=args.stall_timeout)
+    return frame.main(RECIPE, argv)
 
 
 if __name__ == "__main__":

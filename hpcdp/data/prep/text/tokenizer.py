@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,9 @@ ENCODE_BATCH = 1024
 #: Characters of documents encoded per call at most (a longer document alone): a batch's
 #: text and tokens are what a rank holds, so they are bounded by size, not only by count.
 ENCODE_CHARS = 1 << 20
+#: Where `pieces` may cut a text: before the last character of a run of ASCII white space
+#: between two characters that are not white space.
+CUT = re.compile(r"[^\s][ \t\r\n]*(?=[ \t\r\n][^\s])")
 #: The size of the library's thread pool (rayon's), read once, when the pool first runs.
 THREADS_VAR = "RAYON_NUM_THREADS"
 
@@ -72,20 +76,7 @@ class Tokenizer:
     sha256: str
     json: str | None = None  # the tokenizer.json text (None for bytes)
     _hf: Any = None
-
-    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Each text's ids followed by the end-of-document id."""
-        dtype = tk.token_dtype(self.vocab_size)
-        if self._hf is None:
-            return [np.append(np.frombuffer(t.encode(), np.uint8), self.eod_id).astype(dtype)
-                    for t in texts]
-        out: list[np.ndarray] = []
-        for a in range(0, len(texts), ENCODE_BATCH):
-            encs = self._hf.encode_batch(list(texts[a : a + ENCODE_BATCH]),
-                                         add_special_tokens=False)
-            out += [np.append(np.asarray(e.ids, np.int64), self.eod_id).astype(dtype)
-                    for e in encs]
-        return out
+    cuts_at_lines: bool = False  # whether `pieces` of a text encode to its ids
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's ids, each followed by the end id, as one array of the file's
@@ -101,19 +92,53 @@ class Tokenizer:
             return np.insert(flat, ends, self.eod_id), lengths
         pieces: list[np.ndarray] = []
         for a in range(0, len(texts), ENCODE_BATCH):
-            encs = self._hf.encode_batch(list(texts[a : a + ENCODE_BATCH]),
-                                         add_special_tokens=False)
-            for i, e in enumerate(encs):
-                lengths[a + i] = len(e.ids) + 1
-            pieces.append(np.fromiter((t for e in encs for t in (*e.ids, self.eod_id)),
-                                      dtype, int(lengths[a : a + len(encs)].sum())))
+            for i, ids in enumerate(self._ids(texts[a : a + ENCODE_BATCH], dtype), a):
+                lengths[i] = len(ids) + 1
+                pieces += [ids, np.array([self.eod_id], dtype)]
         return (np.concatenate(pieces) if pieces else np.zeros(0, dtype)), lengths
+
+    def _ids(self, texts: Sequence[str], dtype: np.dtype) -> list[np.ndarray]:
+        """Each text's ids; one longer than `ENCODE_CHARS` is encoded a piece at a time where
+        the tokenizer allows it (`pieces`: the same ids), so the library's memory follows
+        the piece, not the document (about 200 bytes a character)."""
+        if not (self.cuts_at_lines and any(len(t) > ENCODE_CHARS for t in texts)):
+            return [np.array(e.ids, dtype)
+                    for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+        return [np.concatenate([np.array(self._hf.encode(p, add_special_tokens=False).ids,
+                                         dtype) for p in pieces(t, ENCODE_CHARS)]) for t in texts]
 
     def encode_batches(self, texts: Iterable[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """`encode_flat` of `texts` a `batches` batch at a time, so that a block's
         documents, and their tokens, are never all held: one batch's at a time."""
         for batch in batches(texts):
             yield self.encode_flat(batch)
+
+
+def cuts_at_lines(config: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json encodes a text cut by `pieces` to the text's ids: a
+    byte-level BPE that normalizes nothing and splits words by the GPT-2 rule without a
+    prefix space (what `train_bpe` makes), whose added tokens hold no white space. By that
+    rule a run of white space before a word is one word but its last character, which
+    starts the next word (or is one alone), whatever lies before or after the run."""
+    pre = config.get("pre_tokenizer") or {}
+    return (config.get("normalizer") is None and (config.get("model") or {}).get("type") == "BPE"
+            and pre.get("type") == "ByteLevel" and pre.get("use_regex", True) is True
+            and pre.get("add_prefix_space") is False
+            and not any(re.search(r"\s", t.get("content", ""))
+                        for t in config.get("added_tokens") or []))
+
+
+def pieces(text: str, size: int = ENCODE_CHARS) -> list[str]:
+    """`text` in pieces of about `size` characters, each cut where `CUT` allows (a text
+    without such a place stays whole)."""
+    out, pos = [], 0
+    while len(text) - pos > size:
+        cut = CUT.search(text, pos + size)
+        if cut is None:
+            break
+        out.append(text[pos : cut.end()])
+        pos = cut.end()
+    return [*out, text[pos:]]
 
 
 def batches(texts: Iterable[str], docs: int = ENCODE_BATCH, chars: int = ENCODE_CHARS
@@ -154,7 +179,8 @@ def from_json(text: str, name: str, eod_token: str = DEFAULT_EOD) -> Tokenizer:
         raise TokenizerError(f"{name}: has no end-of-document token {eod_token!r} (see "
                              "--eod-token)")
     vocab = hf.get_vocab_size(with_added_tokens=True)
-    return Tokenizer(name, vocab, int(eod), hashlib.sha256(text.encode()).hexdigest(), text, hf)
+    return Tokenizer(name, vocab, int(eod), hashlib.sha256(text.encode()).hexdigest(), text, hf,
+                     cuts_at_lines(json.loads(text)))
 
 
 def load_json(path: str, eod_token: str = DEFAULT_EOD) -> Tokenizer:
