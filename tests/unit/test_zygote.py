@@ -124,6 +124,12 @@ def test_an_environment_the_imports_read_differently_starts_as_usual(server, tmp
     assert seen["pid"] == proc.pid and not seen["preloaded"], seen
 
 
+def test_intel_openmp_settings_are_no_difference_where_it_is_not_loaded(server, tmp_path):
+    proc, out = start(server, tmp_path, "0", KMP_DUPLICATE_LIB_OK="True")
+    assert proc.wait(60) == 0
+    assert report(out)["pid"] != proc.pid, "refused for a setting nothing loaded reads"
+
+
 def test_a_memory_capped_start_is_never_forked(server, tmp_path):
     import resource
 

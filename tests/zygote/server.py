@@ -47,10 +47,21 @@ DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2
                    signal.SIGQUIT, signal.SIGCHLD, signal.SIGALRM)
 
 
+#: Read by Intel's OpenMP runtime alone (libiomp5): no difference where it is not loaded
+#: (torch's CPU builds use GNU OpenMP; scikit-learn sets these for every later process).
+INTEL_OPENMP_PREFIX = "KMP_"
+
+
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     """The part of `env` that the preloaded modules read when they are imported."""
-    return {k: v for k, v in env.items()
-            if k.startswith(IMPORT_TIME_PREFIXES) and k not in REREAD}
+    read = tuple(p for p in IMPORT_TIME_PREFIXES
+                 if p != INTEL_OPENMP_PREFIX or _intel_openmp_loaded())
+    return {k: v for k, v in env.items() if k.startswith(read) and k not in REREAD}
+
+
+def _intel_openmp_loaded() -> bool:
+    with open("/proc/self/maps") as maps:
+        return "libiomp" in maps.read()
 
 
 def refusal(request: dict, own_env: dict[str, str],
