@@ -38,7 +38,7 @@ PARQUET_CAP = 512 << 20
 QUIET = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1",
          "ARROW_DEFAULT_MEMORY_POOL": "system"}
 TIMEOUT = 60
-#: `hpcdp prep` (CIFAR) refuses bad input with 2; the recipes on `frame.run` with its status.
+#: `hpcdp prep` (CIFAR) refuses bad input with 2; the recipes on `frame.main` with its status.
 CIFAR_BAD = 2
 FRAME_BAD = getattr(frame, "EXIT_BAD_INPUT", 1)
 CRITEO_ROW = "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["abcdef01"] * 26)

@@ -217,40 +217,7 @@ def write_split(recipe: Recipe, inputs: Any, out: str, parts: Parts, split: Spli
     return path
 
 
-# -- the frame of the recipes not yet on `main` -----------------------------------------
-
-
-def run(prog: str, comm: Any, check: Callable[[], Inputs], write: Callable[[Inputs], Written],
-        summary: Callable[[Written, float], None],
-        bad_input: tuple[type[BaseException], ...] = (PrepError, OSError, ImportError),
-        stall_s: float = stall.DEFAULT_BOUND_S) -> int:
-    """Collective: a recipe from its checks to its summary; the exit status.
-
-    `check` runs on every rank and raises one of `bad_input`; the ranks agree on
-    the first error and all exit `EXIT_BAD_INPUT` with nothing written. Then
-    `write_or_abort` runs `write` (bad input it finds on the way: `EXIT_BAD_INPUT`
-    too; any other failure `EXIT_WRITE_FAILED`), and rank 0 prints `summary` of what
-    it returned and the seconds it took. A rank working longer than `stall_s` without
-    progress ends the job (`stall`).
-    """
-    error, inputs = None, None
-    try:
-        inputs = check()
-    except bad_input as exc:
-        error = str(exc)
-    error = agree(comm, error)
-    if error:
-        say(comm, prog, f"error: {error}")
-        return EXIT_BAD_INPUT
-    start = time.perf_counter()
-    failed: list[int] = []
-    written = write_or_abort(prog, comm, lambda: write(inputs), failed,  # type: ignore[arg-type]
-                             stall_s)
-    if failed:
-        return failed[0]
-    if comm.rank == 0:
-        summary(written, time.perf_counter() - start)  # type: ignore[arg-type]
-    return 0
+# -- the stall guard and the exit statuses of a write ----------------------------------
 
 
 def write_or_abort(prog: str, comm: Any, write: Callable[[], Written],
