@@ -24,7 +24,7 @@ from typing import IO, Any
 import hpcdp
 from hpcdp.train.tracking import child, state
 from hpcdp.train.tracking.records import Record
-from hpcdp.train.tracking.worker import QUEUE_SIZE, OneWarning
+from hpcdp.train.tracking.worker import QUEUE_SIZE, OneWarning, offer
 
 log = logging.getLogger("hpcdp.train.tracking")
 
@@ -110,13 +110,8 @@ class TrackerProcess:
         return proc, reader
 
     def _put(self, line: str | None) -> None:
-        if self._gone:
-            return
-        try:
-            self._queue.put_nowait(line)
-        except queue.Full:
-            self.warn(f"{self._queue.maxsize - 1} items not yet sent, so later ones are "
-                      "dropped: the tracker is slower than training")
+        if not self._gone:  # the queue holds the job line besides its room
+            offer(self._queue, line, self.warn, self._queue.maxsize - 1)
 
     def _write(self) -> None:
         """Queue to pipe, until the queue's end or the child's (a failed tracker exits)."""

@@ -83,6 +83,16 @@ class OneWarning:
         log.warning(text)
 
 
+def offer(items: queue.Queue, item: Any, warn: Callable[[str], None], room: int) -> None:
+    """`item` into a tracker's bounded queue without waiting: training never waits on a
+    tracker; once `room` items are waiting, later ones are dropped with `warn`."""
+    try:
+        items.put_nowait(item)
+    except queue.Full:
+        warn(f"{room} items not yet sent, so later ones are dropped: the tracker is "
+             "slower than training")
+
+
 class Worker:
     """A Sink on its own thread, with the run folder's memory of it."""
 
@@ -133,13 +143,8 @@ class Worker:
         self._warn(message)
 
     def _put(self, item: tuple[str, Any]) -> None:
-        if self.failed:
-            return
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.warn(f"{QUEUE_SIZE} items not yet sent, so later ones are dropped: the "
-                      "tracker is slower than training")
+        if not self.failed:
+            offer(self._queue, item, self.warn, self._queue.maxsize)
 
     def _run(self) -> None:
         try:
