@@ -24,6 +24,7 @@ Run as ``python tests/zygote/server.py SOCKET``; it ends when its parent does.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -162,7 +163,7 @@ class Server:
             conn = self.forks.pop(pid, None)
             if conn is None:
                 continue
-            with _quiet():
+            with contextlib.suppress(OSError):
                 conn.send(json.dumps({"status": status}).encode())
             conn.close()
 
@@ -171,16 +172,8 @@ class Server:
         rank whose process it watches."""
         for pid, c in list(self.forks.items()):
             if c is conn:
-                with _quiet():
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, value: object, tb: object) -> bool:
-        return isinstance(value, OSError)
 
 
 def become(request: dict, set_by_imports: dict[str, str]) -> None:
