@@ -25,6 +25,7 @@ Run as ``python tests/zygote/server.py SOCKET``; it ends when its parent does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -60,6 +61,7 @@ def import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(read) and k not in REREAD}
 
 
+@functools.cache  # read once: the server loads nothing after its preload
 def _intel_openmp_loaded() -> bool:
     with open("/proc/self/maps") as maps:
         return "libiomp" in maps.read()
