@@ -1,7 +1,7 @@
 """`hpcdp bench prep --criteo`: the Criteo recipe's peak memory per rank at 1x and 8x the rows.
 
 Generates Criteo-format logs with Terabyte-like cardinalities
-(`hpcdp.data.prep.clicks.criteo_synth.ScaleSpec`) of ``--rows`` and of
+(`hpcdp.data.synth.criteo_logs.ScaleSpec`) of ``--rows`` and of
 ``--scale`` times as many training rows, then prepares each with ``--buckets``
 and with ``--min-count`` on ``--np`` ranks under mpirun, every rank reporting
 its peak resident memory (``ru_maxrss``). The target: the peak of the larger
@@ -44,7 +44,7 @@ def rank_main(argv: list[str]) -> int:
 
 
 def generate(folder: Path, rows: int, seed: int) -> dict[str, Any]:
-    from hpcdp.data.prep.clicks import criteo_synth as cs
+    from hpcdp.data.synth import criteo_logs as cs
 
     folder.mkdir(parents=True)
     spec = cs.ScaleSpec(seed=seed)

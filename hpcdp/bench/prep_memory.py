@@ -4,8 +4,8 @@ input sizes, to show that a rank's memory does not grow with the input.
 The data is made here, never downloaded or committed: JSON Lines corpora of real files
 (`hpcdp.bench.real_corpus`: the installed Python's own sources and docs, many shards of
 documents from bytes to megabytes; ``--corpus synth`` for generated documents of one
-size distribution, `hpcdp.data.prep.text.corpus_synth`) and folders of photo-sized JPEGs
-(`hpcdp.data.prep.images.photo_synth`). Each recipe runs on `--np` ranks under mpirun,
+size distribution, `hpcdp.data.synth.corpus`) and folders of photo-sized JPEGs
+(`hpcdp.data.synth.photos`). Each recipe runs on `--np` ranks under mpirun,
 every rank started through `measured`, which runs the recipe's script in-process and
 then records the process's own high-water mark of resident memory (``VmHWM``, what
 ``/usr/bin/time -f %M`` reports) in one small JSON file per rank. The figure compared is
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp.bench import common, real_corpus
-from hpcdp.data.prep.images import photo_synth
-from hpcdp.data.prep.text import corpus_synth
+from hpcdp.data.synth import corpus as corpus_synth
+from hpcdp.data.synth import photos as photo_synth
 from hpcdp.runtime.launcher import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

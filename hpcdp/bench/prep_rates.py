@@ -113,9 +113,9 @@ def run_case(case: Case, np: int, work: Path, timeout: float) -> dict[str, Any]:
 
 def make_inputs(args: argparse.Namespace) -> dict[str, list[str]]:
     """The generated inputs (kept in --work between runs): name -> files."""
-    from hpcdp.data.prep.clicks import criteo_synth
-    from hpcdp.data.prep.images import photo_synth
-    from hpcdp.data.prep.text import corpus_synth
+    from hpcdp.data.synth import corpus as corpus_synth
+    from hpcdp.data.synth import criteo_logs as criteo_synth
+    from hpcdp.data.synth import photos as photo_synth
 
     work: Path = args.work
     logs = work / f"criteo-{args.rows}"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hpcdp.data.prep.clicks import criteo_recipe as criteo_prep
-from hpcdp.data.prep.clicks import criteo_synth as cs
+from hpcdp.data.synth import criteo_logs as cs
 from hpcdp.runtime.launcher import kill_group, kill_tree, launch_command, rank_environment
 
 pytestmark = pytest.mark.parallel

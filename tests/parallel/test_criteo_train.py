@@ -12,7 +12,7 @@ import h5py
 import pytest
 
 from hpcdp.data.prep.clicks import criteo_recipe as criteo_prep
-from hpcdp.data.prep.clicks import criteo_synth as cs
+from hpcdp.data.synth import criteo_logs as cs
 
 pytestmark = pytest.mark.parallel
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.data.prep.text import corpus_synth
+from hpcdp.data.synth import corpus as corpus_synth
 
 pytestmark = pytest.mark.parallel
 

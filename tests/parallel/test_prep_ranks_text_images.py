@@ -13,8 +13,8 @@ import pytest
 from h5_files import assert_same_h5
 
 from hpcdp.data.prep.images import recipe as images
-from hpcdp.data.prep.text import corpus_synth
 from hpcdp.data.prep.text import recipe as text
+from hpcdp.data.synth import corpus as corpus_synth
 
 pytestmark = pytest.mark.parallel
 

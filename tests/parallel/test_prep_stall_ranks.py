@@ -11,8 +11,8 @@ import pytest
 from h5_files import assert_same_h5
 
 from hpcdp.data.prep import stall
-from hpcdp.data.prep.text import corpus_synth
 from hpcdp.data.prep.text import recipe as text
+from hpcdp.data.synth import corpus as corpus_synth
 
 pytestmark = pytest.mark.parallel
 

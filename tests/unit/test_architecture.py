@@ -240,6 +240,15 @@ def test_the_slurm_side_imports_nothing_heavy(package, light: str) -> None:
     assert found == []
 
 
+def test_preparation_never_imports_the_look_alike_files(package) -> None:
+    """hpcdp.data.synth writes files like users' for trials; a recipe reads users' files
+    alone, so nothing under prep may lean on the generators."""
+    internal, _ = package
+    assert [f"{m}:{line} imports {t}" for m, targets in sorted(internal.items())
+            if m.startswith("hpcdp.data.prep") for t, line, _ in sorted(targets)
+            if t.startswith("hpcdp.data.synth")] == []
+
+
 def test_the_top_level_holds_at_most_eight_modules() -> None:
     top = [p.name for p in (ROOT / "hpcdp").glob("*.py")
            if p.name not in ("__init__.py", "__main__.py")]

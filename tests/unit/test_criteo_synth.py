@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcdp.data.prep.clicks import criteo as cr
-from hpcdp.data.prep.clicks import criteo_synth as cs
+from hpcdp.data.synth import criteo_logs as cs
 
 
 def test_blocks_are_valid_lines_fixed_by_the_seed() -> None:

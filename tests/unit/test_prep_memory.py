@@ -41,7 +41,7 @@ def test_markov_peak_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> Non
 
 def gzipped_corpus(folder: Path, nbytes: int) -> str:
     """One gzipped JSON Lines file of about `nbytes` of documents: one block, however big."""
-    from hpcdp.data.prep.text import corpus_synth
+    from hpcdp.data.synth import corpus as corpus_synth
 
     (plain,) = corpus_synth.make_corpus(str(folder), nbytes, files=1)
     with open(plain, "rb") as src, gzip.open(f"{plain}.gz", "wb", compresslevel=1) as dst:

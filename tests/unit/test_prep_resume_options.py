@@ -25,7 +25,7 @@ from test_criteo import logs
 
 from hpcdp.data.prep import cli as prep
 from hpcdp.data.prep import stall
-from hpcdp.data.prep.text import corpus_synth
+from hpcdp.data.synth import corpus as corpus_synth
 
 #: All tests here share one set of stalled runs: on one pytest-xdist worker.
 pytestmark = pytest.mark.xdist_group("prep-resume-options")

@@ -172,8 +172,8 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path: Path, capsys) -> Non
 
 
 def test_the_bpe_sample_is_bounded_and_only_training_documents(tmp_path: Path) -> None:
-    from hpcdp.data.prep.text import corpus_synth
     from hpcdp.data.prep.world import SerialComm
+    from hpcdp.data.synth import corpus as corpus_synth
 
     corpus_synth.make_corpus(str(tmp_path / "c"), 200_000, files=2)
     corpus = tc.Corpus(tc.expand_files([str(tmp_path / "c" / "*")]), lines=False)

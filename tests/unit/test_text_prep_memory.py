@@ -16,11 +16,12 @@ from hpcdp.data.format import tokens as tk
 from hpcdp.data.prep.parts import Parts
 from hpcdp.data.prep.progress import Progress
 from hpcdp.data.prep.text import corpus as tc
-from hpcdp.data.prep.text import corpus_synth, passes
+from hpcdp.data.prep.text import passes
 from hpcdp.data.prep.text import tokenizer as tz
 from hpcdp.data.prep.text import writer as tw
 from hpcdp.data.prep.text.recipe import selector
 from hpcdp.data.prep.world import SerialComm
+from hpcdp.data.synth import corpus as corpus_synth
 
 MIB = 1 << 20
 #: The traced peak allowed: the 2 MiB read window, a batch of 1 Mi characters and its

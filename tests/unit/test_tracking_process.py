@@ -21,15 +21,15 @@ from hpcdp.train.tracking.process import TrackerProcess, child_environment
 from hpcdp.train.tracking.records import Record
 
 SINKS = '''
-import json, time
+import json, logging, time
 from pathlib import Path
 
 class FileSink:
     """Appends what it is given to a JSON Lines file."""
     name = "test"
 
-    def __init__(self, out, fail=False, hang=False):
-        self.out, self.fail, self.hang = Path(out), fail, hang
+    def __init__(self, out, fail=False, hang=False, warn=False):
+        self.out, self.fail, self.hang, self.warn = Path(out), fail, hang, warn
 
     def open(self, run_id):
         if self.fail:
@@ -38,6 +38,8 @@ class FileSink:
         return run_id or "child-id"
 
     def log(self, records):
+        if self.warn:  # the child's own warning, as its Worker gives them
+            logging.getLogger("hpcdp.train.tracking").warning("tracker test: server slow")
         while self.hang:
             time.sleep(0.05)
         self._write(["log", [[r.kind, r.step, dict(r.values)] for r in records]])
@@ -152,6 +154,17 @@ def test_a_hanging_tracker_is_killed_at_the_bound(
     assert tracker.proc is not None and tracker.proc.returncode is not None
     (only,) = warnings_of(caplog)  # the drop warned; the kill after it only at debug
     assert "later ones are dropped" in only
+
+
+def test_a_child_that_warned_is_killed_at_the_bound_without_a_second_warning(
+        tmp_path: Path, sink_module: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "hpcdp")
+    tracker = TrackerProcess("test", spec(sink_module, hang=True, warn=True), tmp_path,
+                             state.TrackerState(), None, close_timeout_s=30.0)
+    tracker.send(recs("train", 1))
+    assert not tracker.close(1.0)  # the child warned, then hung: killed at rank 0's bound
+    (only,) = warnings_of(caplog)  # the child's warning is the tracker's one
+    assert only == "tracker test: server slow"
 
 
 def test_the_model_goes_with_the_run_or_is_left_out_with_a_warning(

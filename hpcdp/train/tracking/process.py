@@ -77,15 +77,15 @@ class TrackerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            self._reader.join(1.0)  # what the child said before the kill is logged first
             self.warn(f"still busy after run.tracker_close_timeout_s={timeout:g} s; what it "
                       "had not sent yet is left out")
             return False
-        finally:
-            self._reader.join(1.0)  # its last lines are in rank 0's log before the end
+        self._reader.join(1.0)  # its last lines are in rank 0's log before the end
         return True
 
     def warn(self, message: str) -> None:
-        """Rank 0's one warning of this tracker (its child warns of its own troubles)."""
+        """The one warning of this tracker: rank 0's own, unless its child gave one."""
         self._warn(message)
 
     def _start(self) -> tuple[subprocess.Popen[bytes] | None, threading.Thread]:
@@ -103,8 +103,8 @@ class TrackerProcess:
         finally:
             os.close(write_end)
         messages = os.fdopen(read_end, encoding="utf-8", errors="replace")
-        reader = threading.Thread(target=relay, args=(messages,), name=f"hpcdp-{self.name}-in",
-                                  daemon=True)
+        reader = threading.Thread(target=relay, args=(messages, self._warn),
+                                  name=f"hpcdp-{self.name}-in", daemon=True)
         if proc is not None:
             reader.start()
         return proc, reader
@@ -126,9 +126,14 @@ class TrackerProcess:
             pipe.close()
 
 
-def relay(messages: IO[str]) -> None:
-    """The child's "<level> <message>" lines, logged here, until it closes its end."""
+def relay(messages: IO[str], warning: OneWarning) -> None:
+    """The child's "<level> <message>" lines, logged here, until it closes its end. A
+    warning of the child's is this tracker's one: rank 0 gives none of its own after it
+    (both would time out together when the tracker hangs on closing)."""
     with messages:
         for line in messages:
             level, _, message = line.rstrip("\n").partition(" ")
-            log.log(int(level) if level.isdigit() else logging.WARNING, message)
+            number = int(level) if level.isdigit() else logging.WARNING
+            if number >= logging.WARNING:
+                warning.given = True
+            log.log(number, message)

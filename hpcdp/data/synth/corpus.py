@@ -6,7 +6,7 @@ a few hundred to a few thousand bytes each (about a web page's text), some beyon
 ASCII, one JSON object a line (``{"text": ...}``). Words are cut from a pool built
 once, so gigabytes are written at disk speed. The same seed gives the same files.
 
-``python -m hpcdp.data.prep.text.corpus_synth --out DIR --mib N [--files K]`` writes
+``python -m hpcdp.data.synth.corpus --out DIR --mib N [--files K]`` writes
 ``DIR/part-NNNNN.jsonl``, K files of about N/K MiB each.
 """
 

@@ -5,7 +5,7 @@ images of 400-500 x 300-375 pixels (about ImageNet's typical size) of a smooth c
 gradient, a few discs and noise, saved at JPEG quality 92: about 80 KB a file, which
 is what a photo costs to read and decode. The same seed gives the same files.
 
-``python -m hpcdp.data.prep.images.photo_synth --out DIR --files N [--classes C]``
+``python -m hpcdp.data.synth.photos --out DIR --files N [--classes C]``
 writes ``DIR/<class>/<NNNNNNN>.jpg``; ``--shards K`` writes the same images as
 WebDataset-style tar shards instead (``NNNNNNN.jpg`` + ``NNNNNNN.cls``, in K shards).
 """

@@ -1,6 +1,6 @@
 """A Criteo-format click log with a planted signal, and the best AUC any model can reach on it.
 
-`python -m hpcdp.data.prep.clicks.criteo_synth --out DIR` writes DIR/train_0.txt,
+`python -m hpcdp.data.synth.criteo_logs --out DIR` writes DIR/train_0.txt,
 DIR/train_1.txt.gz (the training rows in two files, one gzipped), DIR/val.txt
 and DIR/oracle.json. Each line is a Criteo row: label, 13 counts (I1..I13), 26
 categorical values (C1..C26) as 8 hex digits, some fields empty, a few counts
@@ -223,7 +223,7 @@ def write_blocks(n: int, paths: Sequence[str], lines: Callable[[int, int], bytes
 
 def main(argv: Sequence[str] | None = None) -> int:
     d = CriteoSynthSpec()
-    p = argparse.ArgumentParser(prog="python -m hpcdp.data.prep.clicks.criteo_synth",
+    p = argparse.ArgumentParser(prog="python -m hpcdp.data.synth.criteo_logs",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     for name, value in asdict(d).items():
