@@ -6,7 +6,8 @@ MLflow's local store, and an MLflow server that refuses or never answers.
 The four settings run in turn, `--repeats` rounds, so that each sees the machine's
 changing load alike. Each run's training rate (summary.json's samples_per_s) and the
 job's wall time (launch to exit, the trackers' bounded close included) are printed as
-medians, each as a ratio to no tracker, with the warnings each run printed.
+medians, each as a ratio to no tracker, with the warnings each run printed; beside the
+rate, the range of each run's ratio (no tracker's own range is the noise).
 """
 
 from __future__ import annotations
@@ -83,12 +84,15 @@ def main() -> None:
     base_rate = statistics.median(r["rate"] for r in results["off"])
     base_wall = statistics.median(r["wall"] for r in results["off"])
     print(f"digits, 2 ranks, {args.epochs} epochs, median of {args.repeats} interleaved runs")
-    print(f"{'setting':<26}{'samples/s':>10}{'ratio':>7}{'wall s':>8}{'ratio':>7}  warnings")
+    print(f"{'setting':<26}{'samples/s':>10}{'ratio':>7}{'runs (ratios)':>16}{'wall s':>8}"
+          f"{'ratio':>7}  warnings")
     for name, runs in results.items():
         rate = statistics.median(r["rate"] for r in runs)
         wall = statistics.median(r["wall"] for r in runs)
+        spread = [r["rate"] / base_rate for r in runs]  # the noise: no tracker's own spread
         warned = sorted({r["warnings"] for r in runs})
-        print(f"{name:<26}{rate:>10.0f}{rate / base_rate:>7.2f}{wall:>8.1f}"
+        print(f"{name:<26}{rate:>10.0f}{rate / base_rate:>7.2f}"
+              f"{f'{min(spread):.2f}-{max(spread):.2f}':>16}{wall:>8.1f}"
               f"{wall / base_wall:>7.2f}  {warned}")
 
 
