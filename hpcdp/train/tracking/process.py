@@ -72,17 +72,20 @@ class TrackerProcess:
         if not self._gone:
             with contextlib.suppress(queue.Full):  # then the wait below times out too
                 self._queue.put(None, timeout=timeout)
+        ended = True
         try:
             self.proc.wait(max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            self._reader.join(1.0)  # what the child said before the kill is logged first
+            ended = False
+        # Its last lines are in rank 0's log before the end, and a warning among them is
+        # this tracker's one, so it is read before rank 0 would give its own.
+        self._reader.join(1.0)
+        if not ended:
             self.warn(f"still busy after run.tracker_close_timeout_s={timeout:g} s; what it "
                       "had not sent yet is left out")
-            return False
-        self._reader.join(1.0)  # its last lines are in rank 0's log before the end
-        return True
+        return ended
 
     def warn(self, message: str) -> None:
         """The one warning of this tracker: rank 0's own, unless its child gave one."""
