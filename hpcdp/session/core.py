@@ -159,8 +159,9 @@ class Session:
         reader, error = None, None
         try:
             setup.checked_layout(path, list(names), min_samples=self.global_batch)
+            # The script's own loop reads each micro-batch it accumulates: `batch` rows.
             reader = setup.training_reader(self.cfg, path, list(names), self.batch,
-                                           self.rank, self.size, self.device)
+                                           self.rank, self.size, self.device, accumulation=1)
             setup.keep_open(reader)
         except Exception as e:  # noqa: BLE001 - reported on every rank alike
             error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"

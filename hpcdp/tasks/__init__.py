@@ -38,7 +38,9 @@ Optional:
   validation batches) instead of the sharded image readers: a
   `hpcdp.data.read.protocol.TrainingReader` (set_epoch, iteration, len,
   steps_per_epoch, state_dict/load_state_dict; `sample_shape` where it has one),
-  built from `read_options(cfg, batch, rank, size)`, and a `ValidationReader`,
+  built from `read_options(cfg, batch, rank, size)` (whose batches hold a whole
+  optimizer step of this rank: batch x horovod.backward_passes_per_step rows), and
+  a `ValidationReader`,
   iterable afresh for each validation, this rank's share of every sample once;
 - `validation_reader(cfg, path, rank, size, batch)`: with `readers`, the validation
   batches of any file of the task's format alone (`hpcdp eval`);
@@ -174,12 +176,25 @@ def get(name: str) -> Task:
     return task
 
 
-def read_options(cfg: Config, batch: int, rank: int, size: int) -> ReadOptions:
-    """How this rank reads its training share, from [run] and [data] (any task's reader)."""
-    return ReadOptions(batch_size=batch, rank=rank, world_size=size, seed=cfg.run.seed,
+def read_options(cfg: Config, batch: int, rank: int, size: int,
+                 accumulation: int | None = None) -> ReadOptions:
+    """How this rank reads its training share, from [run] and [data] (any task's reader).
+
+    One read is one optimizer step of this rank: `batch` x `accumulation` rows (by
+    default horovod.backward_passes_per_step), which the trainer cuts into that many
+    micro-batches (hpcdp.train.step.micro_batches). Rank r's rows are its streams in
+    order, so with virtual shards a multiple of ranks x accumulation (the default),
+    micro-batch m holds what rank r*k+m of k times as many ranks reads in one step:
+    the same samples meet the same kernels on 1 rank accumulating 2 as on 2 ranks.
+    """
+    from hpcdp.data.read.order import default_virtual_shards  # numpy: not for `hpcdp slurm`
+
+    k = cfg.horovod.backward_passes_per_step if accumulation is None else accumulation
+    shards = cfg.data.virtual_shards or (
+        default_virtual_shards(batch * k * size, size * k) if k > 1 else None)
+    return ReadOptions(batch_size=batch * k, rank=rank, world_size=size, seed=cfg.run.seed,
                        window_samples=cfg.data.window_samples or None,
-                       virtual_shards=cfg.data.virtual_shards or None,
-                       prefetch=cfg.data.prefetch)
+                       virtual_shards=shards, prefetch=cfg.data.prefetch)
 
 
 def defaults(name: str) -> Mapping[str, Mapping[str, Any]]:

@@ -144,7 +144,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
         reader.set_epoch(state.epoch)  # keeps the position when a resumed state is for it
         hooks.epoch = state.epoch
         it = iter(reader)
-        for _ in range(min(len(reader) // run.accum, run.total_steps - state.step)):
+        for _ in range(min(len(reader), run.total_steps - state.step)):
             lr = run.schedule.lr(state.step)
             nan = hooks.before_step(state.step)
             times = train_step(run, it, lr, sums, state.step, nan, hooks.on_batch)
@@ -166,7 +166,7 @@ def loop(run: setup.Run, state: TrainState, ckpts: CheckpointManager, hooks: Hoo
                 break
         if hasattr(it, "close"):
             it.close()  # type: ignore[attr-defined]
-        if out.stop is None and len(reader) // run.accum == 0:
+        if out.stop is None and len(reader) == 0:
             t0 = time.perf_counter()
             out.last_val = validate(run, state, rep)              # collective: val metrics
             out.excluded += window.exclude(time.perf_counter() - t0)

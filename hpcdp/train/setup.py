@@ -137,13 +137,16 @@ def check_kinds(path: Path, wanted: list[Dataset]) -> None:
 
 
 def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank: int,
-                    size: int, device: torch.device) -> TrainingReader:
+                    size: int, device: torch.device,
+                    accumulation: int | None = None) -> TrainingReader:
     """The shuffled reader with equal steps on every rank: one or two datasets (samples,
-    labels) through ShardedReader, more through FieldReader (the same order per field)."""
+    labels) through ShardedReader, more through FieldReader (the same order per field).
+    A batch is one step's rows of this rank (read_options; `accumulation` 1: `batch`)."""
     from hpcdp.data.read.multi_field import FieldReader
     from hpcdp.data.read.samples import ShardedReader
 
-    options, pin = read_options(cfg, batch, rank, size), device.type == "cuda"
+    options = read_options(cfg, batch, rank, size, accumulation)
+    pin = device.type == "cuda"
     if len(names) > 2:
         return FieldReader(path, names, options, pin_memory=pin)
     return ShardedReader(path, options, x_name=names[0],
@@ -170,7 +173,7 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
     if task.readers is not None:  # the task reads its own format (the LM: token windows)
         train_reader, val_reader = task.readers(cfg, rank, size, batch, device)
         keep_open(train_reader, val_reader)
-        check_accumulation(train_reader, cfg.data.train_file, accum)
+        check_step_rows(task, train_reader, batch, accum)
         return train_reader, val_reader, batch
     root = Path(cfg.data.path)
     train_path, val_path = root / cfg.data.train_file, root / cfg.data.val_file
@@ -185,7 +188,6 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
         train_reader = SampleKeys(train_reader)
     val_reader = validation_reader(cfg, task, val_path, rank, size, batch)
     keep_open(train_reader, val_reader)
-    check_accumulation(train_reader, train_path, accum)
     if tuple(val_reader.sample_shape) != tuple(info.sample_shape):
         raise ConfigError(f"{val_path}: samples shaped {tuple(val_reader.sample_shape)}, but "
                           f"{train_path} has {info.sample_shape}")
@@ -228,10 +230,15 @@ def validation_reader(cfg: Config, task: Task, path: Path, rank: int, size: int,
                        batch_size=cfg.data.val_batch_size or batch, rank=rank, world_size=size)
 
 
-def check_accumulation(train_reader: TrainingReader, train_path: Any, accum: int) -> None:
-    if train_reader.steps_per_epoch < accum:
-        raise ConfigError(f"{train_path}: {train_reader.steps_per_epoch} batches per epoch, "
-                          f"fewer than horovod.backward_passes_per_step={accum}")
+def check_step_rows(task: Task, train_reader: TrainingReader, batch: int, accum: int) -> None:
+    """A task's own reader must serve one optimizer step's rows per batch (the trainer
+    cuts them into `accum` micro-batches), as read_options builds it."""
+    if train_reader.batch_size != batch * accum:
+        raise ConfigError(
+            f"task {task.name!r}: its training reader serves batches of "
+            f"{train_reader.batch_size} rows, but one step of this rank is {batch} x "
+            f"horovod.backward_passes_per_step={accum} = {batch * accum} rows; build the "
+            "reader from hpcdp.tasks.read_options(cfg, batch, rank, size)")
 
 
 def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
@@ -383,7 +390,7 @@ def build(cfg: Config, task: Task, rank: int, size: int, device: torch.device) -
     seed_everything(cfg.run.seed + rank)  # per-rank streams for anything random later
     optimizers = [distributed(cfg, opt, net, device, size) for opt in task.optimizers(cfg, net)]
     scaler = torch.amp.GradScaler("cuda") if cfg.run.precision == "fp16" else None
-    steps_per_epoch = train_reader.steps_per_epoch // cfg.horovod.backward_passes_per_step
+    steps_per_epoch = train_reader.steps_per_epoch  # a batch is a step's micro-batches
     total_steps = cfg.run.epochs * steps_per_epoch
     if cfg.run.max_steps:
         total_steps = min(total_steps, cfg.run.max_steps)

@@ -44,9 +44,33 @@ def forward_backward(run: Run, inputs: Any, targets: Any, sums: MetricSums, nan:
         sums.add(run.task.measure(out, targets, loss), run.task.count(targets))
 
 
+def micro_batches(batch: Any, parts: int) -> list[Any]:
+    """`batch` (tensors, possibly in tuples, lists or dicts, or None) cut along its rows
+    into `parts` equal micro-batches, as views: micro-batch m is rows [m*b, (m+1)*b)."""
+    if parts == 1:
+        return [batch]
+    if batch is None:
+        return [None] * parts
+    if isinstance(batch, torch.Tensor):
+        rows = batch.shape[0] if batch.dim() else 0
+        if rows == 0 or rows % parts:
+            raise ValueError(f"a batch of {rows} rows cannot be cut into "
+                             f"horovod.backward_passes_per_step={parts} equal micro-batches")
+        return list(batch.split(rows // parts))
+    if isinstance(batch, (tuple, list)):
+        return [type(batch)(items) for items in zip(*(micro_batches(b, parts) for b in batch))]
+    if isinstance(batch, dict):
+        cut = {k: micro_batches(v, parts) for k, v in batch.items()}
+        return [{k: v[m] for k, v in cut.items()} for m in range(parts)]
+    raise TypeError(f"a training batch of type {type(batch).__name__} cannot be cut into "
+                    f"horovod.backward_passes_per_step={parts} micro-batches: serve tensors, "
+                    "or tuples, lists or dicts of them")
+
+
 def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: int,
                nan: bool = False, on_batch: OnBatch | None = None) -> StepSplit:
-    """One optimizer step over `accum` batches; returns where its seconds went.
+    """One optimizer step over one batch of `it`, in `accum` micro-batches; returns
+    where its seconds went.
 
     Horovod all-reduces gradients during backward; `synchronize()` waits for what
     did not overlap (counted as communication), then the step runs without a
@@ -57,10 +81,11 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
     for opt in run.optimizers:
         opt.zero_grad()
         sched.set_lr(opt, lr)  # before backward: Adasum applies the local step in its hooks
-    for _ in range(run.accum):
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    watchdog.phase("data")
+    micro = micro_batches(next(it), run.accum)  # the step's rows, read at once
+    for batch in micro:
         watchdog.phase("data")
-        batch = next(it)
         if on_batch is not None:
             on_batch(batch, step)
         # Data time ends with the batch on the device (the task's prepare), as a data
@@ -71,6 +96,7 @@ def train_step(run: Run, it: Iterator[Any], lr: float, sums: MetricSums, step: i
         forward_backward(run, inputs, targets, sums, nan)
         t_data += t1 - t0
         t_compute += time.perf_counter() - t1
+        t0 = time.perf_counter()
     t2 = time.perf_counter()
     watchdog.enter_collective("allreduce gradients")  # waits for what backward sent
     agree_stats = run.norm_stats.start() if run.norm_stats else None  # collective: BN stats

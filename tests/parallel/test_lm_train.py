@@ -87,12 +87,19 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch(args, ranks, corpus, tmp_
     data, windows = corpus
     common = ("optim.grad_clip=0.05", "run.epochs=1", "schedule.warmup_epochs=0.2")
     two, one = tmp_path / "two", tmp_path / "one"
-    out = ranks(TRAIN, *args(data, two, *common, "data.batch_size=8"), np=2, timeout=BOUND)
+    one_thread = {"OMP_NUM_THREADS": "1"}  # a CPU kernel's sums follow its thread count
+    out = ranks(TRAIN, *args(data, two, *common, "data.batch_size=8"), np=2, timeout=BOUND,
+                env=one_thread)
     ranks(TRAIN, *args(data, one, *common, "data.batch_size=16"), np=1, timeout=BOUND)
     a, b = final_state(two), final_state(one)
     assert a["step"] == b["step"] == windows // 16
     assert_same_params(a, b, exact=False, atol=1e-5)
     assert "tokens/s" in out.output
+    # The same 16 windows as two micro-batches of the 2 ranks' rows: the same bits.
+    micro = tmp_path / "micro"
+    ranks(TRAIN, *args(data, micro, *common, "data.batch_size=8",
+                       "horovod.backward_passes_per_step=2"), np=1, timeout=BOUND, env=one_thread)
+    assert_same_params(a, final_state(micro), exact=True)
     # Control: without clipping the same runs take other steps, so the clip binds here.
     free = tmp_path / "free"
     ranks(TRAIN, *args(data, free, "run.epochs=1", "schedule.warmup_epochs=0.2",
