@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     if print_only:
         print(cfgmod.dumps(cfg))
         return 0
+    try:  # a user's builder, before Horovod: it fails alike on every rank, exit 2
+        from hpcdp.train.model_check import check_user_builder
+
+        check_user_builder(cfg, task)
+    except ConfigError as e:
+        print(f"hpcdp train: error: {e}", file=sys.stderr, flush=True)
+        return 2
     # Imported only now: torch and Horovod take seconds to import, and a bad config or
     # --print-config must answer before that.
     from hpcdp.runtime import dist

@@ -26,6 +26,7 @@ from hpcdp.runtime.powersgd_optimizer import compressed
 from hpcdp.tasks import Dataset, Task, read_options
 from hpcdp.train import accel
 from hpcdp.train import schedule as sched
+from hpcdp.train.model_check import built_model, check_kinds, checked_layout, from_data
 from hpcdp.train.norm_stats import NormStats, averaged_stats
 
 log = logging.getLogger("hpcdp.train")
@@ -124,18 +125,6 @@ def check_runtime(cfg: Config, device: torch.device, size: int) -> None:
         raise ConfigError(error)
 
 
-def check_kinds(path: Path, wanted: list[Dataset]) -> None:
-    """Each dataset the task reads has a dtype kind the task accepts."""
-    from hpcdp.data.read.samples import ReaderError, open_h5
-
-    with open_h5(str(path)) as f:
-        for d in wanted:
-            kind = f[d.name].dtype.kind if d.name in f else None
-            if kind is not None and kind not in d.kinds:
-                raise ReaderError(f"{path}: {d.role} dataset {d.name!r} has dtype "
-                                  f"{f[d.name].dtype}, which this task cannot use")
-
-
 def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank: int,
                     size: int, device: torch.device,
                     accumulation: int | None = None) -> TrainingReader:
@@ -151,16 +140,6 @@ def training_reader(cfg: Config, path: Path, names: list[str], batch: int, rank:
         return FieldReader(path, names, options, pin_memory=pin)
     return ShardedReader(path, options, x_name=names[0],
                          y_name=names[1] if len(names) > 1 else None, pin_memory=pin)
-
-
-def checked_layout(path: Path, names: list[str], min_samples: int = 1) -> Any:
-    """The first dataset's layout; `ReaderError` if the datasets cannot be read together."""
-    from hpcdp.data.read.multi_field import validate_fields
-    from hpcdp.data.read.samples import validate_dataset
-
-    if len(names) > 2:
-        return validate_fields(str(path), names, min_samples)[0]
-    return validate_dataset(path, names[0], names[1] if len(names) > 1 else None, min_samples)
 
 
 def readers(cfg: Config, task: Task, rank: int, size: int,
@@ -192,18 +171,6 @@ def readers(cfg: Config, task: Task, rank: int, size: int,
         raise ConfigError(f"{val_path}: samples shaped {tuple(val_reader.sample_shape)}, but "
                           f"{train_path} has {info.sample_shape}")
     return train_reader, val_reader, batch
-
-
-def from_data(cfg: Config, task: Task) -> Config:
-    """The config with what it leaves to the data (the task's `from_data`: image.num_classes
-    = "auto") read from the training file, whose layout and dtypes are checked first."""
-    if task.from_data is None:
-        return cfg
-    path, wanted = Path(cfg.data.path) / cfg.data.train_file, list(task.datasets(cfg))
-    if task.readers is None:  # a task with its own readers checks its format itself
-        checked_layout(path, [d.name for d in wanted])
-        check_kinds(path, wanted)
-    return task.from_data(cfg, path)
 
 
 def check_file(cfg: Config, task: Task, path: Path, wanted: list[Dataset]) -> None:
@@ -252,22 +219,6 @@ def model(cfg: Config, task: Task, sample_shape: tuple[int, ...],
 
         net = convert_sync_batchnorm(net, dist.sync_batchnorm_class())
     return net.to(device)
-
-
-def built_model(cfg: Config, task: Task, sample_shape: tuple[int, ...]) -> torch.nn.Module:
-    """`task.build_model(cfg, sample_shape)`, which must give a torch.nn.Module; any other
-    failure of a task's builder (a user's code) is a ConfigError naming the task."""
-    try:
-        net = task.build_model(cfg, sample_shape)
-    except ValueError:
-        raise  # the task's own message about its config (ConfigError among them)
-    except Exception as e:  # noqa: BLE001 - a user's builder may raise anything
-        raise ConfigError(f"task.name={cfg.task.name!r}: its build_model failed for model "
-                          f"{cfg.model.name!r}: {type(e).__name__}: {e}") from None
-    if not isinstance(net, torch.nn.Module):
-        raise ConfigError(f"task.name={cfg.task.name!r}: its build_model returned a "
-                          f"{type(net).__name__}, not a torch.nn.Module")
-    return net
 
 
 def bucket_bytes(cfg: Config, device: torch.device) -> int:
