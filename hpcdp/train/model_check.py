@@ -69,16 +69,12 @@ def built_model(cfg: Config, task: Task, sample_shape: tuple[int, ...]) -> torch
     return net
 
 
-def runs_user_code(cfg: Config) -> bool:
-    """Whether building the network runs code from outside hpcdp: a task named by
-    reference or entry point (not hpcdp.tasks.<name>), or a model.name with a prefix."""
-    return not _builtin_task(cfg.task.name) or ":" in cfg.model.name
-
-
-def _builtin_task(name: str) -> bool:
-    import importlib.util
-
-    return name.isidentifier() and importlib.util.find_spec(f"hpcdp.tasks.{name}") is not None
+def runs_user_code(cfg: Config, task: Task) -> bool:
+    """Whether building the network runs code from outside hpcdp: the task's builder is
+    not hpcdp's (a user's task), or model.name has a prefix (a library's or a user's
+    builder, through the image task's)."""
+    module = getattr(task.build_model, "__module__", None) or ""
+    return not module.startswith("hpcdp.") or ":" in cfg.model.name
 
 
 def check_user_builder(cfg: Config, task: Task) -> None:
@@ -89,7 +85,7 @@ def check_user_builder(cfg: Config, task: Task) -> None:
     that raises counts. A file that cannot be read is left to set-up, which reports it
     from every rank alike. Raises ConfigError (or the task's ValueError) otherwise.
     """
-    if task.readers is not None or not runs_user_code(cfg):
+    if task.readers is not None or not runs_user_code(cfg, task):
         return
     try:
         filled = from_data(cfg, task)

@@ -13,6 +13,7 @@ import torch
 
 from hpcdp.config import Config, ConfigError
 from hpcdp.tasks import image
+from hpcdp.train import model_check
 from hpcdp.train.model_check import check_user_builder, runs_user_code
 
 
@@ -26,14 +27,14 @@ def config(tmp_path: Path, task: str = "image", model: str = "digits_cnn") -> Co
     return cfg
 
 
-def test_user_code_is_a_reference_or_a_prefixed_model() -> None:
+def test_user_code_is_a_builder_of_the_users_or_a_prefixed_model() -> None:
     cfg = Config()
     cfg.task.name, cfg.model.name = "image", "digits_cnn"
-    assert not runs_user_code(cfg)
+    assert not runs_user_code(cfg, image.TASK)
     cfg.model.name = "torchvision:resnet18"
-    assert runs_user_code(cfg)
-    cfg.task.name, cfg.model.name = "mine.tasks:TASK", "digits_cnn"
-    assert runs_user_code(cfg)
+    assert runs_user_code(cfg, image.TASK)
+    cfg.task.name, cfg.model.name = "mine.py:TASK", "digits_cnn"
+    assert runs_user_code(cfg, replace(image.TASK, build_model=lambda cfg, shape: None))
 
 
 def test_a_builder_that_computes_on_its_tensors_is_run_for_real(tmp_path: Path) -> None:
@@ -69,12 +70,13 @@ def test_a_builder_with_a_value_error_of_its_own_says_it(tmp_path: Path) -> None
         check_user_builder(config(tmp_path, model="mine:build"), task)
 
 
-def test_hpcdp_networks_and_unreadable_data_are_left_to_set_up(tmp_path: Path) -> None:
+def test_hpcdp_networks_and_unreadable_data_are_left_to_set_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def build(cfg, shape):
         raise AssertionError("not to be called")
 
-    task = replace(image.TASK, build_model=build)
-    check_user_builder(config(tmp_path), task)  # built-in task, built-in model
+    monkeypatch.setattr(model_check, "built_model", build)
+    check_user_builder(config(tmp_path), image.TASK)  # built-in task, built-in model
     cfg = config(tmp_path, model="mine:build")
     cfg.data.train_file = "missing.h5"
-    check_user_builder(cfg, task)  # set-up names the missing file, from every rank
+    check_user_builder(cfg, replace(image.TASK, build_model=build))  # set-up names it
